@@ -1,0 +1,47 @@
+/// @file errors.hpp
+/// @brief dpkit's exception types (design section 3, "Errors").
+///
+/// Every message names the offending value, the rank (where one exists) and
+/// the operation, e.g. "allreduce_ring: rank 3 of 4: out-of-place output has
+/// 10 elements, input has 12".
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace dpkit {
+
+/// Base of dpkit's runtime failures (transport errors, MPI/NCCL/CUDA error
+/// codes, I/O errors). Derives std::runtime_error.
+class error : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A precondition on an argument was violated: rank out of range, mismatched
+/// lengths, a tensor in a memory space the transport cannot move, a zero world
+/// size, an unsupported element type for a native collective. Derives
+/// std::invalid_argument so callers that catch the standard type still do.
+class invalid_argument : public std::invalid_argument {
+public:
+  using std::invalid_argument::invalid_argument;
+};
+
+/// A collective or point-to-point request could not complete before its
+/// deadline (typically a peer rank never joined). Thrown on the ranks that were
+/// waiting instead of hanging; the transport should be considered unusable for
+/// the collective that timed out (as after ncclCommAbort). Derives dpkit::error.
+class timeout_error : public error {
+public:
+  using error::error;
+};
+
+/// A file is malformed, damaged, from another version, or stale relative to the
+/// file it describes (e.g. a JSONL index whose source changed). The message
+/// names the file and what differs. Derives dpkit::error.
+class format_error : public error {
+public:
+  using error::error;
+};
+
+} // namespace dpkit
