@@ -1,0 +1,139 @@
+/// @file allreduce_ring.hpp
+/// @brief Ring all-reduce: ring reduce-scatter followed by ring all-gather,
+/// pipelined in segments (Patarasuk & Yuan; the algorithm of NCCL's and Gloo's
+/// ring all-reduce).
+///
+/// Cost: 2(n-1) steps, each moving count/n elements per rank: bandwidth-optimal
+/// (busbw = algbw * 2(n-1)/n approaches the link bandwidth), latency grows with
+/// n. Each chunk of count/n elements is cut into segments of
+/// options.segment_bytes; a segment is forwarded to the right neighbour as soon
+/// as it is reduced (or received), so every link is busy while ranks reduce.
+/// Scratch: options.pipeline_depth segments per rank, never a full-size
+/// temporary. Out-of-place needs no copy of the input: the first step sends
+/// from `in`, reductions write `out`.
+///
+/// Every rank ends with bitwise-identical results: each chunk's final value is
+/// computed by exactly one rank and copied to the others.
+#pragma once
+
+#include "../detail/collective.hpp"
+
+#include <vector>
+
+namespace dpkit {
+
+namespace detail {
+
+/// Ring all-reduce of `count` elements from `in` to `out` (in == out: in place).
+template <transport C, element T>
+void allreduce_ring_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t count, reduce_op op,
+                        const collective_options& o, const local_ops<T>& L) {
+  const int n = ctx.size, r = ctx.rank;
+  if (count == 0) return;
+  if (n == 1) {
+    L.copy(out, in, count);
+    return;
+  }
+  const deadline dl = deadline_after(o.timeout);
+  const std::size_t seg = segment_elems<T>(o);
+  const std::size_t depth = static_cast<std::size_t>(std::max(1, o.pipeline_depth));
+  const int right = mod(r + 1, n), left = mod(r - 1, n);
+  const int steps = 2 * (n - 1); // 0..n-2 reduce-scatter, n-1..2n-3 all-gather
+  const int tag = o.tag;
+
+  auto recv_chunk = [&](int t) { return t < n - 1 ? mod(r - t - 1, n) : mod(r - (t - (n - 1)), n); };
+  auto send_chunk = [&](int t) { return t < n - 1 ? mod(r - t, n) : mod(r + 1 - (t - (n - 1)), n); };
+
+  // Receive items in processing order: (step, segment).
+  struct item { int step; std::size_t begin, len; };
+  std::vector<item> items;
+  {
+    const auto [b0, e0] = chunk_range(count, n, 0);
+    items.reserve(static_cast<std::size_t>(steps) * (ceil_div(e0 - b0, seg) + 1));
+  }
+  for (int t = 0; t < steps; ++t) {
+    const auto [b, e] = chunk_range(count, n, recv_chunk(t));
+    for (std::size_t p = b; p < e; p += seg) items.push_back({t, p, std::min(seg, e - p)});
+  }
+  const std::size_t max_chunk = chunk_range(count, n, 0).second;
+  scratch<T> slots(depth * std::min(seg, max_chunk), L);
+  const std::size_t slot_elems = std::min(seg, max_chunk);
+
+  using req = request_t<C>;
+  std::vector<std::vector<req>> sends(static_cast<std::size_t>(steps));
+  std::vector<req> recvs(items.size());
+  std::vector<bool> sends_waited(static_cast<std::size_t>(steps), false);
+
+  // Step 0 sends chunk r straight from the input.
+  {
+    const auto [b, e] = chunk_range(count, n, send_chunk(0));
+    for (std::size_t p = b; p < e; p += seg)
+      sends[0].push_back(comm.isend(bytes_of(in + p, std::min(seg, e - p)), right, tag));
+  }
+
+  std::size_t posted = 0;
+  auto post = [&](std::size_t i) {
+    const item& it = items[i];
+    if (it.step < n - 1) {
+      T* slot = slots.data() + (i % depth) * slot_elems;
+      recvs[i] = comm.irecv(bytes_of(slot, it.len), left, tag);
+    } else {
+      // All-gather writes `out` directly; the chunk it overwrites was sent in
+      // reduce-scatter step k, which must have completed.
+      const int k = it.step - (n - 1);
+      if (!sends_waited[static_cast<std::size_t>(k)]) {
+        wait_all_ctx(sends[static_cast<std::size_t>(k)], dl, ctx);
+        sends_waited[static_cast<std::size_t>(k)] = true;
+      }
+      recvs[i] = comm.irecv(bytes_of(out + it.begin, it.len), left, tag);
+    }
+  };
+  for (; posted < items.size() && posted < depth; ++posted) post(posted);
+
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const item& it = items[i];
+    wait_ctx(recvs[i], dl, ctx);
+    if (it.step < n - 1) {
+      const T* slot = slots.data() + (i % depth) * slot_elems;
+      L.reduce(out + it.begin, in + it.begin, slot, it.len, op);
+      if (it.step == n - 2 && op == reduce_op::avg) L.divide(out + it.begin, it.len, static_cast<std::size_t>(n));
+      L.sync();
+    }
+    // The slot (or out segment) is consumed: post the next receive before
+    // forwarding, so the left neighbour never waits on us.
+    if (posted < items.size()) post(posted++);
+    if (it.step + 1 < steps)
+      sends[static_cast<std::size_t>(it.step + 1)].push_back(comm.isend(bytes_of(out + it.begin, it.len), right, tag));
+  }
+  for (auto& s : sends) wait_all_ctx(s, dl, ctx);
+}
+
+} // namespace detail
+
+/// Out-of-place ring all-reduce: out[i] = op over all ranks of in[i].
+///
+/// @param comm a transport (dpkit::mpi, dpkit::inproc, dpkit::nccl, or yours).
+/// @param in   tensor of `count` elements of any dpkit element type.
+/// @param out  tensor of the same element type, the same count and memory space.
+/// @param op   sum, prod, min, max, or avg (sum, then divided by the world size).
+/// @param o    segment size (bytes), pipeline depth, timeout, tag.
+/// Every rank must call with the same count, op and options.
+/// @throws dpkit::invalid_argument (sizes differ, wrong memory space, bad world size)
+/// @throws dpkit::timeout_error if a peer does not take part before the deadline.
+template <transport C, tensor In, tensor Out>
+void allreduce_ring(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum,
+                    const collective_options& o = {}) {
+  using T = tensor_value_t<In>;
+  const auto ctx = detail::make_context(comm, "allreduce_ring");
+  const auto [ip, op_] = detail::resolve_inout(comm, ctx, in, out, size_of(in));
+  detail::allreduce_ring_raw<C, T>(comm, ctx, ip, op_, size_of(in), op,
+                                   o, detail::make_local<C, T>(comm, ctx, space_of(in)));
+}
+
+/// In-place ring all-reduce of tensor t (see the out-of-place overload).
+template <transport C, tensor Tn>
+void allreduce_ring(C& comm, Tn&& t, reduce_op op = reduce_op::sum, const collective_options& o = {}) {
+  allreduce_ring(comm, t, t, op, o);
+}
+
+} // namespace dpkit

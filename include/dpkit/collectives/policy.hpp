@@ -1,0 +1,72 @@
+/// @file policy.hpp
+/// @brief Algorithm selection: the `algorithm` enum and `allreduce_policy`.
+#pragma once
+
+#include "../core/errors.hpp"
+
+#include <cstddef>
+#include <ostream>
+#include <string>
+#include <string_view>
+
+namespace dpkit {
+
+/// Which algorithm a collective uses.
+/// - ring: bandwidth-optimal, 2(n-1) latency steps (large messages).
+/// - tree: 2 log2(n) latency steps (small messages, many ranks).
+/// - native: the transport's own collective (MPI_Allreduce, ncclAllReduce),
+///   for comparison; dpkit::invalid_argument on transports without one.
+/// - automatic: chosen by allreduce_policy from message size and world size.
+enum class algorithm : std::uint8_t { automatic, ring, tree, native };
+
+/// "automatic", "ring", "tree" or "native".
+inline constexpr std::string_view algorithm_name(algorithm a) noexcept {
+  switch (a) {
+  case algorithm::automatic: return "automatic";
+  case algorithm::ring: return "ring";
+  case algorithm::tree: return "tree";
+  case algorithm::native: return "native";
+  }
+  return "?";
+}
+/// Prints algorithm_name(a).
+inline std::ostream& operator<<(std::ostream& os, algorithm a) { return os << algorithm_name(a); }
+
+/// Parses "automatic" (or "auto"), "ring", "tree", "native".
+/// @throws dpkit::invalid_argument naming the string.
+inline algorithm parse_algorithm(std::string_view s) {
+  if (s == "auto") return algorithm::automatic;
+  for (auto a : {algorithm::automatic, algorithm::ring, algorithm::tree, algorithm::native})
+    if (algorithm_name(a) == s) return a;
+  throw invalid_argument("unknown algorithm '" + std::string(s) + "' (expected ring, tree, native or automatic)");
+}
+
+/// All-reduce algorithm policy (regular aggregate; compares and prints).
+/// With algo == automatic: tree below `tree_max_bytes` per rank buffer (or
+/// always tree when the world size is at least `tree_min_world` and the message
+/// is below `tree_max_bytes_large_world`), ring otherwise. The defaults come
+/// from allreduce_perf runs on the reference machine (docs/tuning.md).
+struct allreduce_policy {
+  algorithm algo = algorithm::automatic;
+  std::size_t tree_max_bytes = 32u << 10;             ///< bytes; tree below this
+  int tree_min_world = 16;                            ///< world size from which...
+  std::size_t tree_max_bytes_large_world = 256u << 10; ///< ...tree is used below this many bytes
+  friend bool operator==(const allreduce_policy&, const allreduce_policy&) = default;
+
+  /// The concrete algorithm for a message of `bytes` bytes on `world_size` ranks.
+  algorithm choose(std::size_t bytes, int world_size) const noexcept {
+    if (algo != algorithm::automatic) return algo;
+    if (bytes < tree_max_bytes) return algorithm::tree;
+    if (world_size >= tree_min_world && bytes < tree_max_bytes_large_world) return algorithm::tree;
+    return algorithm::ring;
+  }
+};
+
+/// Prints "allreduce_policy{algo=..., tree_max_bytes=..., ...}".
+inline std::ostream& operator<<(std::ostream& os, const allreduce_policy& p) {
+  return os << "allreduce_policy{algo=" << p.algo << ", tree_max_bytes=" << p.tree_max_bytes
+            << ", tree_min_world=" << p.tree_min_world << ", tree_max_bytes_large_world=" << p.tree_max_bytes_large_world
+            << "}";
+}
+
+} // namespace dpkit

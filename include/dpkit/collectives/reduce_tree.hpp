@@ -1,0 +1,38 @@
+/// @file reduce_tree.hpp
+/// @brief Tree reduce: out at `root` = op over all ranks of in; pipelined up a
+/// binary tree rooted at `root` (semantics of ncclReduce / MPI_Reduce).
+#pragma once
+
+#include "../detail/tree.hpp"
+
+namespace dpkit {
+
+/// Reduces every rank's `in` into `out` on rank `root`.
+/// @param in  tensor of count elements on every rank.
+/// @param out tensor of count elements on root (same type and space as in);
+///            ignored on other ranks (may be empty there).
+/// @param op  sum, prod, min, max or avg (root divides by the world size).
+/// @param root rank in [0, world size).
+/// @throws dpkit::invalid_argument (root out of range, out size differs on
+///         root, wrong memory space), dpkit::timeout_error.
+template <transport C, tensor In, tensor Out>
+void reduce_tree(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum, int root = 0,
+                 const collective_options& o = {}) {
+  using T = tensor_value_t<In>;
+  const auto ctx = detail::make_context(comm, "reduce_tree");
+  detail::check_root(ctx, root, comm);
+  const std::size_t count = size_of(in);
+  T* outp = nullptr;
+  const T* ip = nullptr;
+  if (comm.rank() == root) {
+    std::tie(ip, outp) = detail::resolve_inout(comm, ctx, in, out, count);
+  } else {
+    detail::static_check_space<C, In>();
+    detail::check_space(comm, ctx, space_of(in), "input");
+    ip = as_span(in).data();
+  }
+  detail::tree_raw<C, T>(comm, ctx, ip, outp, count, op, root, detail::tree_mode::reduce, o,
+                         detail::make_local<C, T>(comm, ctx, space_of(in)));
+}
+
+} // namespace dpkit

@@ -1,0 +1,178 @@
+/// @file mapped_file.hpp
+/// @brief RAII read-only memory mapping of a whole file (POSIX mmap).
+///
+/// Used by the JSONL index (design section 5) to read data and index files at
+/// memory speed without copying them. Depends only on the standard library and
+/// POSIX.
+#pragma once
+
+#include <dpkit/core/errors.hpp>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace dpkit {
+
+/// Access-pattern hint passed to madvise(2) for a mapping.
+enum class access_advice {
+  normal,     ///< MADV_NORMAL: the kernel's default read-ahead.
+  sequential, ///< MADV_SEQUENTIAL: one front-to-back pass (index builds, scans).
+  random,     ///< MADV_RANDOM: random access by line (training-time reads).
+  willneed,   ///< MADV_WILLNEED: start reading the pages in now.
+};
+
+namespace detail::data {
+
+/// Formats "<what> '<path>': <strerror(err)> (errno <err>)".
+inline std::string errno_message(std::string_view what, const std::filesystem::path& path, int err) {
+  std::string msg(what);
+  msg += " '";
+  msg += path.string();
+  msg += "': ";
+  msg += std::strerror(err);
+  msg += " (errno ";
+  msg += std::to_string(err);
+  msg += ')';
+  return msg;
+}
+
+/// Maps dpkit::access_advice to the MADV_* constant.
+inline int madvise_flag(access_advice advice) noexcept {
+  switch (advice) {
+  case access_advice::sequential: return MADV_SEQUENTIAL;
+  case access_advice::random: return MADV_RANDOM;
+  case access_advice::willneed: return MADV_WILLNEED;
+  case access_advice::normal: break;
+  }
+  return MADV_NORMAL;
+}
+
+/// Modification time of a stat result in nanoseconds since the Unix epoch.
+inline std::int64_t mtime_ns(const struct stat& st) noexcept {
+  return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(st.st_mtim.tv_nsec);
+}
+
+} // namespace detail::data
+
+/// A read-only, private mapping of a whole file.
+///
+/// Move-only; the mapping is released by the destructor. An empty file is
+/// allowed: data() is then nullptr and size() is 0. The file's size and
+/// modification time are captured (fstat) when it is opened. Bytes are valid
+/// only while the file is not truncated by another process (as with any mmap).
+class mapped_file {
+public:
+  /// An empty object mapping nothing.
+  mapped_file() noexcept = default;
+
+  /// Opens and maps `path` read-only.
+  /// @param path   file to map (any size, including 0 bytes).
+  /// @param advice madvise(2) hint applied to the whole mapping.
+  /// @throws dpkit::error naming the path and errno (strerror) if the file
+  ///         cannot be opened, stat'ed or mapped, or is not a regular file.
+  explicit mapped_file(const std::filesystem::path& path, access_advice advice = access_advice::normal) : path_(path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw error(detail::data::errno_message("mapped_file: cannot open", path, errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      throw error(detail::data::errno_message("mapped_file: cannot stat", path, err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw error("mapped_file: '" + path.string() + "' is not a regular file");
+    }
+    size_ = static_cast<std::size_t>(st.st_size);
+    mtime_ns_ = detail::data::mtime_ns(st);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        const int err = errno;
+        ::close(fd);
+        size_ = 0;
+        throw error(detail::data::errno_message("mapped_file: cannot mmap", path, err));
+      }
+      data_ = static_cast<const char*>(p);
+    }
+    ::close(fd); // the mapping keeps its own reference to the file
+    advise(advice);
+  }
+
+  mapped_file(const mapped_file&) = delete;
+  mapped_file& operator=(const mapped_file&) = delete;
+
+  /// Takes over `other`'s mapping; `other` becomes empty.
+  mapped_file(mapped_file&& other) noexcept
+      : path_(std::move(other.path_)), data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)),
+        mtime_ns_(std::exchange(other.mtime_ns_, 0)) {}
+
+  /// Releases this mapping and takes over `other`'s; `other` becomes empty.
+  mapped_file& operator=(mapped_file&& other) noexcept {
+    if (this != &other) {
+      unmap();
+      path_ = std::move(other.path_);
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+      mtime_ns_ = std::exchange(other.mtime_ns_, 0);
+    }
+    return *this;
+  }
+
+  /// Unmaps the file.
+  ~mapped_file() { unmap(); }
+
+  /// First byte of the mapping (nullptr for an empty file).
+  [[nodiscard]] const char* data() const noexcept { return data_; }
+  /// Mapping as bytes (nullptr for an empty file).
+  [[nodiscard]] const std::byte* bytes() const noexcept { return reinterpret_cast<const std::byte*>(data_); }
+  /// Size of the file in bytes when it was opened.
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// True for an empty file (or a default-constructed object).
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  /// The whole file as characters.
+  [[nodiscard]] std::string_view view() const noexcept { return data_ ? std::string_view(data_, size_) : std::string_view(); }
+  /// The path the file was opened with.
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+  /// Modification time of the file when it was opened, ns since the Unix epoch.
+  [[nodiscard]] std::int64_t mtime_ns() const noexcept { return mtime_ns_; }
+
+  /// Applies an madvise(2) hint to the whole mapping. Hints are advisory:
+  /// failures are ignored. No-op for an empty file.
+  void advise(access_advice advice) const noexcept { advise(0, size_, advice); }
+
+  /// Applies an madvise(2) hint to bytes [offset, offset + length) (clamped to
+  /// the file; the start is rounded down to a page). Failures are ignored.
+  void advise(std::size_t offset, std::size_t length, access_advice advice) const noexcept {
+    if (!data_ || offset >= size_) return;
+    const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::size_t start = offset - offset % page;
+    const std::size_t end = (length > size_ - offset) ? size_ : offset + length;
+    ::madvise(const_cast<char*>(data_) + start, end - start, detail::data::madvise_flag(advice));
+  }
+
+private:
+  void unmap() noexcept {
+    if (data_) ::munmap(const_cast<char*>(data_), size_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  std::filesystem::path path_;
+  const char* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::int64_t mtime_ns_ = 0;
+};
+
+} // namespace dpkit

@@ -1,0 +1,213 @@
+// dpkit internals shared by the collective algorithms: argument validation,
+// chunk partition, local (host or device) reduce/copy/divide, scratch buffers,
+// and waits that name the operation and rank on timeout. Not for users.
+#pragma once
+
+#include "../core/device_ops.hpp"
+#include "../core/errors.hpp"
+#include "../core/options.hpp"
+#include "../core/reduce_op.hpp"
+#include "../core/tensor.hpp"
+#include "../transport/concept.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace dpkit::detail {
+
+/// Operation context: names the collective and the rank in messages.
+struct op_context {
+  const char* name;
+  int rank;
+  int size;
+  std::string prefix() const {
+    return std::string(name) + ": rank " + std::to_string(rank) + " of " + std::to_string(size) + ": ";
+  }
+  [[noreturn]] void invalid(const std::string& msg) const { throw invalid_argument(prefix() + msg); }
+};
+
+template <class C>
+op_context make_context(const C& comm, const char* name) {
+  const int n = comm.size();
+  const int r = comm.rank();
+  if (n <= 0)
+    throw invalid_argument(std::string(name) + ": world size must be >= 1, got " + std::to_string(n) +
+                           " (rank " + std::to_string(r) + ")");
+  if (r < 0 || r >= n)
+    throw invalid_argument(std::string(name) + ": rank " + std::to_string(r) + " out of range for world size " +
+                           std::to_string(n));
+  return {name, r, n};
+}
+
+template <class C>
+const device_ops* device_of(const C& comm) {
+  if constexpr (requires { comm.device(); }) return comm.device();
+  else return nullptr;
+}
+
+/// Compile-time rejection of a tensor type whose static memory space the
+/// transport (with a constexpr static accepts) cannot move.
+template <class C, class T>
+constexpr void static_check_space() {
+  if constexpr (static_memory_space_v<T>.has_value()) {
+    if constexpr (requires { typename std::integral_constant<bool, C::accepts(memory_space::host)>; }) {
+      static_assert(C::accepts(*static_memory_space_v<T>),
+                    "dpkit: this transport cannot move tensors in this memory space");
+    }
+  }
+}
+
+template <class C>
+void check_space(const C& comm, const op_context& ctx, memory_space s, const char* which) {
+  if (!comm.accepts(s))
+    ctx.invalid(std::string(which) + " tensor is in " + std::string(memory_space_name(s)) +
+                " memory, which this transport cannot move");
+}
+
+template <class C>
+void check_root(const op_context& ctx, int root, const C&) {
+  if (root < 0 || root >= ctx.size)
+    ctx.invalid("root rank " + std::to_string(root) + " out of range for world size " + std::to_string(ctx.size));
+}
+
+/// [begin, end) of chunk c when `count` elements are split over n chunks as
+/// evenly as possible (the first count % n chunks get one more).
+inline std::pair<std::size_t, std::size_t> chunk_range(std::size_t count, int n, int c) {
+  const std::size_t nn = static_cast<std::size_t>(n), cc = static_cast<std::size_t>(c);
+  const std::size_t q = count / nn, rem = count % nn;
+  const std::size_t b = cc * q + std::min(cc, rem);
+  return {b, b + q + (cc < rem ? 1 : 0)};
+}
+
+inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
+/// Local operations on one memory space (host loops or the transport's
+/// device_ops table).
+template <element T>
+struct local_ops {
+  memory_space space = memory_space::host;
+  const device_ops* dev = nullptr;
+
+  void reduce(T* dst, const T* a, const T* b, std::size_t n, reduce_op op) const {
+    if (n == 0) return;
+    if (space == memory_space::host) reduce_host(dst, a, b, n, op);
+    else dev->reduce(dst, a, b, n, element_type_of_v<T>, op, dev->ctx);
+  }
+  void copy(T* dst, const T* src, std::size_t n) const {
+    if (n == 0 || dst == src) return;
+    if (space == memory_space::host) std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), n * sizeof(T));
+    else dev->copy(dst, src, n * sizeof(T), dev->ctx);
+  }
+  void divide(T* p, std::size_t n, std::size_t d) const {
+    if (n == 0 || d <= 1) return;
+    if (space == memory_space::host) divide_host(p, n, d);
+    else dev->divide(p, n, element_type_of_v<T>, d, dev->ctx);
+  }
+  /// Makes device work visible before a send reads the buffer.
+  void sync() const {
+    if (space == memory_space::device) dev->synchronize(dev->ctx);
+  }
+};
+
+template <class C, element T>
+local_ops<T> make_local(const C& comm, const op_context& ctx, memory_space s) {
+  local_ops<T> l{s, nullptr};
+  if (s == memory_space::device) {
+    l.dev = device_of(comm);
+    if (!l.dev) ctx.invalid("tensor is in device memory but the transport has no device primitives");
+  }
+  return l;
+}
+
+/// Uninitialized scratch of n elements in a memory space (never zero-filled).
+template <element T>
+class scratch {
+public:
+  scratch() = default;
+  scratch(std::size_t n, const local_ops<T>& l) : dev_(l.dev), n_(n) {
+    if (n == 0) return;
+    if (l.space == memory_space::host) host_ = std::make_unique_for_overwrite<T[]>(n);
+    else ptr_ = static_cast<T*>(dev_->allocate(n * sizeof(T), dev_->ctx));
+  }
+  scratch(const scratch&) = delete;
+  scratch& operator=(const scratch&) = delete;
+  ~scratch() {
+    if (ptr_) dev_->deallocate(ptr_, dev_->ctx);
+  }
+  T* data() noexcept { return host_ ? host_.get() : ptr_; }
+  std::size_t size() const noexcept { return n_; }
+
+private:
+  std::unique_ptr<T[]> host_;
+  const device_ops* dev_ = nullptr;
+  T* ptr_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+template <class T>
+std::span<const std::byte> bytes_of(const T* p, std::size_t n) {
+  return {reinterpret_cast<const std::byte*>(p), n * sizeof(T)};
+}
+template <class T>
+std::span<std::byte> bytes_of(T* p, std::size_t n) {
+  return {reinterpret_cast<std::byte*>(p), n * sizeof(T)};
+}
+
+/// Waits r, prefixing a timeout or transport error with the operation context.
+template <class R>
+void wait_ctx(R& r, deadline d, const op_context& ctx) {
+  try {
+    r.wait(d);
+  } catch (const timeout_error& e) {
+    throw timeout_error(ctx.prefix() + "did not finish within its deadline (" + e.what() + ")");
+  } catch (const invalid_argument&) {
+    throw;
+  } catch (const error& e) {
+    throw error(ctx.prefix() + e.what());
+  }
+}
+
+template <class R>
+void wait_all_ctx(std::vector<R>& rs, deadline d, const op_context& ctx) {
+  for (auto& r : rs) wait_ctx(r, d, ctx);
+  rs.clear();
+}
+
+/// Segment size in elements for options o (>= 1).
+template <class T>
+std::size_t segment_elems(const collective_options& o) {
+  return std::max<std::size_t>(1, o.segment_bytes / sizeof(T));
+}
+
+inline std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
+
+/// Resolves (in, out) tensors into typed pointers after validating spaces and
+/// lengths. `expected_out` is the required out size given the input size.
+template <class C, tensor In, tensor Out>
+auto resolve_inout(const C& comm, const op_context& ctx, const In& in, Out& out, std::size_t expected_out,
+                   const char* in_name = "input", const char* out_name = "output") {
+  using T = tensor_value_t<In>;
+  static_assert(std::is_same_v<T, tensor_value_t<Out>>, "dpkit: input and output tensors must have the same element type");
+  static_check_space<C, In>();
+  static_check_space<C, Out>();
+  const memory_space si = space_of(in), so = space_of(out);
+  check_space(comm, ctx, si, in_name);
+  check_space(comm, ctx, so, out_name);
+  if (si != so)
+    ctx.invalid(std::string(in_name) + " is in " + std::string(memory_space_name(si)) + " memory but " + out_name +
+                " is in " + std::string(memory_space_name(so)) + " memory");
+  auto os = as_span(out);
+  if (os.size() != expected_out)
+    ctx.invalid(std::string(out_name) + " has " + std::to_string(os.size()) + " elements, expected " +
+                std::to_string(expected_out) + " (" + in_name + " has " + std::to_string(size_of(in)) + ")");
+  return std::pair<const T*, T*>{as_span(in).data(), os.data()};
+}
+
+} // namespace dpkit::detail

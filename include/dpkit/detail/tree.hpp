@@ -1,0 +1,160 @@
+// dpkit internals: the pipelined binary-tree engine behind allreduce_tree
+// (reduce up + broadcast down), reduce_tree (up only) and broadcast_tree (down
+// only). Not for users.
+//
+// Tree: ranks relabelled v = (rank - root) mod n; parent (v-1)/2, children
+// 2v+1 and 2v+2 (a binary heap rooted at `root`). The buffer is cut into
+// segments; a rank reduces segment j as soon as both children delivered it and
+// sends it up at once, and forwards segment j down as soon as it arrives, so
+// up- and down-traffic of different segments overlap. The loop never spins:
+// when nothing is ready it blocks on a request that is guaranteed to complete
+// (a child's next segment while reducing, else the parent's next segment).
+#pragma once
+
+#include "collective.hpp"
+
+#include <array>
+#include <vector>
+
+namespace dpkit::detail {
+
+enum class tree_mode { allreduce, reduce, broadcast };
+
+template <transport C, element T>
+void tree_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t count, reduce_op op, int root,
+              tree_mode mode, const collective_options& o, const local_ops<T>& L) {
+  const int n = ctx.size, r = ctx.rank;
+  if (count == 0) return;
+  const bool is_root = r == root;
+  if (n == 1) {
+    L.copy(out, in, count);
+    return;
+  }
+  const deadline dl = deadline_after(o.timeout);
+  const int v = mod(r - root, n);
+  auto real = [&](int x) { return mod(x + root, n); };
+  const int parent = v == 0 ? -1 : real((v - 1) / 2);
+  std::array<int, 2> child{};
+  int nchild = 0;
+  for (int c : {2 * v + 1, 2 * v + 2})
+    if (c < n) child[static_cast<std::size_t>(nchild++)] = real(c);
+
+  const std::size_t seg = segment_elems<T>(o);
+  const std::size_t depth = static_cast<std::size_t>(std::max(1, o.pipeline_depth));
+  const std::size_t nseg = ceil_div(count, seg);
+  const std::size_t slot = std::min(seg, count);
+  const int tag_up = o.tag + 2, tag_down = o.tag + 3;
+  const bool do_up = mode != tree_mode::broadcast, do_down = mode != tree_mode::reduce;
+  auto len = [&](std::size_t j) { return std::min(seg, count - j * seg); };
+
+  using req = request_t<C>;
+  // Up phase state.
+  scratch<T> child_slots(do_up ? static_cast<std::size_t>(nchild) * depth * slot : 0, L);
+  const bool staging = mode == tree_mode::reduce && !is_root && nchild > 0;
+  scratch<T> stage(staging ? depth * slot : 0, L);
+  std::vector<std::array<req, 2>> up_recv(do_up ? nseg : 0);
+  std::vector<req> up_send(do_up && !is_root ? nseg : 0);
+  std::size_t up_done = do_up ? 0 : nseg, up_posted = 0;
+  auto child_slot = [&](int c, std::size_t j) {
+    return child_slots.data() + (static_cast<std::size_t>(c) * depth + j % depth) * slot;
+  };
+  auto post_up = [&] {
+    while (do_up && up_posted < nseg && up_posted < up_done + depth) {
+      for (int c = 0; c < nchild; ++c)
+        up_recv[up_posted][static_cast<std::size_t>(c)] =
+            comm.irecv(bytes_of(child_slot(c, up_posted), len(up_posted)), child[static_cast<std::size_t>(c)], tag_up);
+      ++up_posted;
+    }
+  };
+  // Down phase state.
+  std::vector<req> down_recv(do_down && !is_root ? nseg : 0);
+  std::vector<req> down_send;
+  std::size_t down_done = do_down ? 0 : nseg, down_posted = 0;
+  auto can_post_down = [&](std::size_t j) {
+    if (mode == tree_mode::broadcast) return true;
+    if (j >= up_done) return false;
+    return up_send[j].test(); // out segment j must have left before it is overwritten
+  };
+  auto post_down = [&] {
+    while (do_down && !is_root && down_posted < nseg && down_posted < down_done + depth && can_post_down(down_posted)) {
+      down_recv[down_posted] = comm.irecv(bytes_of(out + down_posted * seg, len(down_posted)), parent, tag_down);
+      ++down_posted;
+    }
+  };
+
+  if (mode == tree_mode::broadcast && is_root) L.copy(out, in, count);
+  post_up();
+  post_down();
+
+  while (up_done < nseg || down_done < nseg) {
+    bool progressed = false;
+    if (up_done < nseg) {
+      const std::size_t j = up_done;
+      bool ready = true;
+      for (int c = 0; c < nchild && ready; ++c) ready = up_recv[j][static_cast<std::size_t>(c)].test();
+      if (ready) {
+        for (int c = 0; c < nchild; ++c) wait_ctx(up_recv[j][static_cast<std::size_t>(c)], dl, ctx);
+        const T* src = in + j * seg;
+        const T* acc = src;
+        if (nchild > 0) {
+          T* dst;
+          if (staging) {
+            if (j >= depth) wait_ctx(up_send[j - depth], dl, ctx);
+            dst = stage.data() + (j % depth) * slot;
+          } else {
+            dst = out + j * seg;
+          }
+          L.reduce(dst, src, child_slot(0, j), len(j), op);
+          if (nchild > 1) L.reduce(dst, dst, child_slot(1, j), len(j), op);
+          acc = dst;
+        } else if (is_root) {
+          L.copy(out + j * seg, src, len(j));
+          acc = out + j * seg;
+        }
+        if (is_root && op == reduce_op::avg) L.divide(out + j * seg, len(j), static_cast<std::size_t>(n));
+        L.sync();
+        if (!is_root) up_send[j] = comm.isend(bytes_of(acc, len(j)), parent, tag_up);
+        ++up_done;
+        post_up();
+        progressed = true;
+      }
+    }
+    if (down_done < nseg) {
+      const std::size_t j = down_done;
+      if (is_root) {
+        if (j < up_done) {
+          const T* src = (mode == tree_mode::broadcast ? in : out) + j * seg;
+          for (int c = 0; c < nchild; ++c)
+            down_send.push_back(comm.isend(bytes_of(src, len(j)), child[static_cast<std::size_t>(c)], tag_down));
+          ++down_done;
+          progressed = true;
+        }
+      } else {
+        post_down();
+        if (j < down_posted && down_recv[j].test()) {
+          wait_ctx(down_recv[j], dl, ctx);
+          for (int c = 0; c < nchild; ++c)
+            down_send.push_back(comm.isend(bytes_of(out + j * seg, len(j)), child[static_cast<std::size_t>(c)], tag_down));
+          ++down_done;
+          post_down();
+          progressed = true;
+        }
+      }
+    }
+    if (!progressed) {
+      // Block on something that must complete: children always finish their
+      // up-phase independently of us, the parent its down-phase.
+      if (up_done < nseg) {
+        for (int c = 0; c < nchild; ++c) wait_ctx(up_recv[up_done][static_cast<std::size_t>(c)], dl, ctx);
+      } else if (down_done < nseg && !is_root) {
+        const std::size_t j = down_done;
+        if (j < down_posted) wait_ctx(down_recv[j], dl, ctx);
+        else wait_ctx(up_send[j], dl, ctx);
+      }
+    }
+  }
+  wait_all_ctx(up_send, dl, ctx);
+  wait_all_ctx(down_send, dl, ctx);
+}
+
+} // namespace dpkit::detail

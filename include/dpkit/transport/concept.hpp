@@ -1,0 +1,89 @@
+/// @file concept.hpp
+/// @brief The transport concept and its refinements (design section 3,
+/// "Transport").
+///
+/// A transport is a group of `size()` ranks; this object is rank `rank()`.
+/// It moves byte spans point-to-point without blocking: `isend(bytes, peer,
+/// tag)` and `irecv(bytes, peer, tag)` return requests; messages between one
+/// pair of ranks with one tag are matched in posting order (MPI's
+/// non-overtaking rule), and a receive must be exactly as long as the matching
+/// send. A request's `wait(deadline)` throws dpkit::timeout_error past the
+/// deadline instead of hanging; `test()` polls.
+#pragma once
+
+#include "../core/element.hpp"
+#include "../core/options.hpp"
+#include "../core/reduce_op.hpp"
+#include "../core/tensor.hpp"
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+
+namespace dpkit {
+
+/// A pending point-to-point operation. `wait(d)` blocks until it completes
+/// (throws dpkit::timeout_error past deadline d, dpkit::error on a transport
+/// failure); `test()` returns true once complete. Destroying an incomplete
+/// request cancels it (the buffer is no longer touched afterwards).
+template <class R>
+concept request = std::movable<R> && requires(R& r, deadline d) {
+  r.wait(d);
+  { r.test() } -> std::convertible_to<bool>;
+};
+
+/// A transport: rank(), size(), isend/irecv of byte spans with a tag, and the
+/// memory spaces it can move (`accepts(space)`, constexpr where possible).
+template <class C>
+concept transport = requires(C& c, const C& cc, std::span<const std::byte> sb, std::span<std::byte> rb,
+                             int peer, int tag, memory_space m) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  { c.isend(sb, peer, tag) } -> request;
+  { c.irecv(rb, peer, tag) } -> request;
+  { cc.accepts(m) } -> std::convertible_to<bool>;
+};
+
+/// The request type of transport C.
+template <transport C>
+using request_t = decltype(std::declval<C&>().isend(std::span<const std::byte>{}, 0, 0));
+
+/// Refinement: the transport has native collectives (MPI_Allreduce,
+/// ncclAllReduce, ...) that algorithm::native calls. Buffers are raw pointers
+/// to `count` elements of `type` in the transport's memory space; in == out is
+/// in place. For reduce_scatter `count` is the per-rank output count; for
+/// allgather it is the per-rank input count.
+template <class C>
+concept native_collectives = transport<C> && requires(C& c, const void* in, void* out, std::size_t count,
+                                                      element_type t, reduce_op op, int root) {
+  c.native_allreduce(in, out, count, t, op);
+  c.native_reduce_scatter(in, out, count, t, op);
+  c.native_allgather(in, out, count, t);
+  c.native_broadcast(in, out, count, t, root);
+  c.native_reduce(in, out, count, t, op, root);
+  c.native_barrier();
+};
+
+/// Refinement (planned, design section 3): the transport splits into
+/// sub-transports by color and key, as MPI_Comm_split, for hierarchical
+/// (node-local + cross-node) all-reduce.
+template <class C>
+concept splittable_transport = transport<C> && requires(C& c, int color, int key) {
+  { c.split(color, key) } -> transport;
+};
+
+/// Refinement (planned, design section 3): peers' buffers are mapped into this
+/// process (an MPI-3 shared window, or inproc ranks), so an algorithm can read
+/// and reduce a peer's segment in place. `peer_pointer(peer, local)` returns
+/// the address of the peer's buffer registered under the same key.
+template <class C>
+concept shared_memory_transport = transport<C> && requires(C& c, int peer, const void* p) {
+  { c.peer_pointer(peer, p) } -> std::convertible_to<const void*>;
+};
+
+/// Refinement: the transport owns a communication thread that runs
+/// asynchronous collectives in submission order (see async.hpp).
+template <class C>
+concept async_transport = transport<C> && requires(C& c) { c.progress(); };
+
+} // namespace dpkit
