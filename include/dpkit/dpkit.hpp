@@ -1,6 +1,7 @@
 /// @file dpkit.hpp
 /// @brief Umbrella header: core, host transports (inproc; mpi when <mpi.h> is
-/// available and DPKIT_WITH_MPI is defined), collectives, fusion and data.
+/// on the include path, unless DPKIT_NO_MPI is defined), collectives, fusion
+/// and data.
 ///
 /// CUDA/NCCL headers are never included from here: include
 /// <dpkit/transport/nccl.hpp> and <dpkit/cuda/...> explicitly.
@@ -16,7 +17,7 @@
 #include "transport/inproc.hpp"
 #include "collectives/allreduce.hpp"
 
-#if defined(DPKIT_WITH_MPI) || defined(DPKIT_HAS_MPI_TRANSPORT)
+#if !defined(DPKIT_NO_MPI) && (defined(DPKIT_WITH_MPI) || __has_include(<mpi.h>))
 #include "transport/mpi.hpp"
 #endif
 

@@ -68,7 +68,9 @@ template <class T>
 struct tensor_traits<T> {
   using value_type = std::remove_pointer_t<decltype(std::declval<T&>().data())>;
   static constexpr memory_space memory = memory_space::host;
-  static value_type* data(T& t) noexcept { return t.data(); }
+  /// t.data(); const-correct: a const container yields a pointer to const.
+  template <class U>
+  static auto data(U& t) noexcept -> decltype(t.data()) { return t.data(); }
   static std::size_t size(const T& t) noexcept { return static_cast<std::size_t>(t.size()); }
 };
 
@@ -79,6 +81,7 @@ struct tensor_traits<E[N]> {
   using value_type = E;
   static constexpr memory_space memory = memory_space::host;
   static E* data(E (&t)[N]) noexcept { return t; }
+  static const E* data(const E (&t)[N]) noexcept { return t; }
   static std::size_t size(const E (&)[N]) noexcept { return N; }
 };
 
@@ -125,20 +128,27 @@ memory_space space_of(const T& t) {
 /// Number of elements of tensor t.
 template <tensor T>
 std::size_t size_of(const T& t) {
-  return static_cast<std::size_t>(detail::traits_of<T>::size(const_cast<detail::bare_t<T>&>(t)));
+  return static_cast<std::size_t>(detail::traits_of<T>::size(t));
 }
 
-/// A std::span over tensor t's elements: span<E> for a mutable tensor,
-/// span<const E> for a const one (E = tensor_value_t<T>). The span's memory is
-/// in space_of(t); do not dereference a device span on the host.
+/// A std::span over tensor t's elements. The element constness follows the
+/// traits: a const std::vector gives span<const E>, a (const) view such as
+/// std::span<E> or tensor_view<E> gives span<E>; traits whose data() takes
+/// only a non-const reference give span<const E> for a const tensor. The
+/// span's memory is in space_of(t); do not dereference a device span on the
+/// host.
 template <tensor T>
 auto as_span(T&& t) {
   using Tr = detail::traits_of<T>;
-  using E = typename Tr::value_type;
-  constexpr bool is_const = std::is_const_v<std::remove_reference_t<T>> || std::is_const_v<E>;
-  using V = std::conditional_t<is_const, const std::remove_cv_t<E>, std::remove_cv_t<E>>;
-  auto* p = const_cast<std::remove_cv_t<E>*>(Tr::data(const_cast<detail::bare_t<T>&>(t)));
-  return std::span<V>(p, static_cast<std::size_t>(Tr::size(const_cast<detail::bare_t<T>&>(t))));
+  using R = std::remove_reference_t<T>;
+  const std::size_t n = static_cast<std::size_t>(Tr::size(t));
+  if constexpr (requires(R& r) { Tr::data(r); }) {
+    auto* p = Tr::data(t);
+    return std::span<std::remove_pointer_t<decltype(p)>>(p, n);
+  } else {
+    const auto* p = Tr::data(const_cast<detail::bare_t<T>&>(t));
+    return std::span<std::remove_pointer_t<decltype(p)>>(p, n);
+  }
 }
 
 /// A non-owning tensor view: pointer, element count and memory space. Itself
