@@ -56,7 +56,8 @@ void allreduce_ring_raw(C& comm, const op_context& ctx, const T* in, T* out, std
     for (std::size_t p = b; p < e; p += seg) items.push_back({t, p, std::min(seg, e - p)});
   }
   const std::size_t max_chunk = chunk_range(count, n, 0).second;
-  scratch<T> slots(depth * std::min(seg, max_chunk), L);
+  scratch_arena::lease lease(arena_of(comm));
+  scratch<T> slots(depth * std::min(seg, max_chunk), L, &lease, 0);
   const std::size_t slot_elems = std::min(seg, max_chunk);
 
   using req = request_t<C>;

@@ -34,7 +34,8 @@ void reduce_scatter_ring_raw(C& comm, const op_context& ctx, const T* in, T* out
   auto len = [&](std::size_t j) { return std::min(seg, count - j * seg); };
   auto chunk = [&](int c) { return static_cast<std::size_t>(c) * count; };
 
-  scratch<T> recv_slots(depth * slot, L), stage(depth * slot, L);
+  scratch_arena::lease lease(arena_of(comm));
+  scratch<T> recv_slots(depth * slot, L, &lease, 0), stage(depth * slot, L, &lease, 1);
   using req = request_t<C>;
   std::vector<req> recvs(items), stage_send(items), first_sends;
   // Step 0 sends chunk r-1 straight from the input.

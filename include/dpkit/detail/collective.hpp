@@ -9,6 +9,7 @@
 #include "../core/reduce_op.hpp"
 #include "../core/tensor.hpp"
 #include "../transport/concept.hpp"
+#include "scratch_arena.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -127,25 +128,33 @@ local_ops<T> make_local(const C& comm, const op_context& ctx, memory_space s) {
 }
 
 /// Uninitialized scratch of n elements in a memory space (never zero-filled).
+/// Host scratch comes from slot `slot` of the transport's arena lease when one
+/// is given (reused across calls), else from the heap.
 template <element T>
 class scratch {
 public:
   scratch() = default;
-  scratch(std::size_t n, const local_ops<T>& l) : dev_(l.dev), n_(n) {
+  scratch(std::size_t n, const local_ops<T>& l, scratch_arena::lease* lease = nullptr, int slot = 0)
+      : dev_(l.dev), n_(n) {
     if (n == 0) return;
-    if (l.space == memory_space::host) host_ = std::make_unique_for_overwrite<T[]>(n);
-    else ptr_ = static_cast<T*>(dev_->allocate(n * sizeof(T), dev_->ctx));
+    if (l.space == memory_space::host) {
+      if (lease) ptr_host_ = reinterpret_cast<T*>(lease->buffer(slot, n * sizeof(T)));
+      else host_ = std::make_unique_for_overwrite<T[]>(n);
+    } else {
+      ptr_ = static_cast<T*>(dev_->allocate(n * sizeof(T), dev_->ctx));
+    }
   }
   scratch(const scratch&) = delete;
   scratch& operator=(const scratch&) = delete;
   ~scratch() {
     if (ptr_) dev_->deallocate(ptr_, dev_->ctx);
   }
-  T* data() noexcept { return host_ ? host_.get() : ptr_; }
+  T* data() noexcept { return ptr_host_ ? ptr_host_ : host_ ? host_.get() : ptr_; }
   std::size_t size() const noexcept { return n_; }
 
 private:
   std::unique_ptr<T[]> host_;
+  T* ptr_host_ = nullptr;
   const device_ops* dev_ = nullptr;
   T* ptr_ = nullptr;
   std::size_t n_ = 0;

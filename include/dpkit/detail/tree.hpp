@@ -49,9 +49,10 @@ void tree_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t c
 
   using req = request_t<C>;
   // Up phase state.
-  scratch<T> child_slots(do_up ? static_cast<std::size_t>(nchild) * depth * slot : 0, L);
+  scratch_arena::lease lease(arena_of(comm));
+  scratch<T> child_slots(do_up ? static_cast<std::size_t>(nchild) * depth * slot : 0, L, &lease, 0);
   const bool staging = mode == tree_mode::reduce && !is_root && nchild > 0;
-  scratch<T> stage(staging ? depth * slot : 0, L);
+  scratch<T> stage(staging ? depth * slot : 0, L, &lease, 1);
   std::vector<std::array<req, 2>> up_recv(do_up ? nseg : 0);
   std::vector<req> up_send(do_up && !is_root ? nseg : 0);
   std::size_t up_done = do_up ? 0 : nseg, up_posted = 0;

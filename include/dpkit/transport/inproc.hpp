@@ -22,6 +22,7 @@
 #include "../core/errors.hpp"
 #include "../core/options.hpp"
 #include "../core/tensor.hpp"
+#include "../detail/scratch_arena.hpp"
 #include "concept.hpp"
 
 #include <algorithm>
@@ -176,6 +177,8 @@ public:
 
   /// This rank's communication thread (runs *_async collectives in order).
   progress_thread& progress() { return *progress_; }
+  /// Host scratch reused by this rank's collectives (internal).
+  detail::scratch_arena& scratch() { return *arena_; }
   /// The world this rank belongs to.
   inproc_world& world() const noexcept { return *world_; }
 
@@ -187,11 +190,14 @@ public:
 
 private:
   friend class inproc_world;
-  inproc(inproc_world* w, int r) : world_(w), rank_(r), progress_(std::make_unique<progress_thread>()) {}
+  inproc(inproc_world* w, int r)
+      : world_(w), rank_(r), arena_(std::make_unique<detail::scratch_arena>()),
+        progress_(std::make_unique<progress_thread>()) {}
   void check_peer(int peer, const char* what) const;
 
   inproc_world* world_;
   int rank_;
+  std::unique_ptr<detail::scratch_arena> arena_;
   std::unique_ptr<progress_thread> progress_;
 };
 

@@ -32,6 +32,7 @@
 #include "../core/options.hpp"
 #include "../core/reduce_op.hpp"
 #include "../core/tensor.hpp"
+#include "../detail/scratch_arena.hpp"
 #include "concept.hpp"
 
 #include <mpi.h>
@@ -167,7 +168,7 @@ public:
   mpi& operator=(const mpi&) = delete;
   mpi(mpi&& o) noexcept
       : comm_(o.comm_), owned_(o.owned_), rank_(o.rank_), size_(o.size_), half_ops_(o.half_ops_),
-        progress_(std::move(o.progress_)) {
+        arena_(std::move(o.arena_)), progress_(std::move(o.progress_)) {
     o.owned_ = false;
     o.half_ops_.fill(MPI_OP_NULL);
   }
@@ -217,6 +218,8 @@ public:
 
   /// The communication thread running *_async collectives in order.
   progress_thread& progress() { return *progress_; }
+  /// Host scratch reused by this transport's collectives (internal).
+  detail::scratch_arena& scratch() { return *arena_; }
 
   // ---- native collectives (algorithm::native) ----
 
@@ -349,6 +352,7 @@ private:
   bool owned_ = false;
   int rank_ = 0, size_ = 0;
   std::array<MPI_Op, 8> half_ops_{};
+  std::unique_ptr<detail::scratch_arena> arena_ = std::make_unique<detail::scratch_arena>();
   std::unique_ptr<progress_thread> progress_ = std::make_unique<progress_thread>();
 };
 
