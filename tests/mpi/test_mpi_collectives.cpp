@@ -1,0 +1,209 @@
+// Collectives over the MPI transport, run by meson under mpiexec with 1-5
+// ranks. Inputs are a deterministic function of (rank, index), so every rank
+// computes the sequential reference for all ranks locally; results are also
+// compared bytewise across ranks.
+#include <doctest/doctest.h>
+
+#include <dpkit/dpkit.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+int world_rank() {
+  int r;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// Small values so sums/products of up to 5 ranks are exact in every type.
+template <class T>
+T input(int rank, std::size_t i, dpkit::reduce_op op) {
+  int v;
+  if (op == dpkit::reduce_op::prod) v = 1 + static_cast<int>((i + static_cast<std::size_t>(rank)) % 2); // 1 or 2
+  else v = static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 3) % 11);
+  if constexpr (std::is_same_v<T, dpkit::f16> || std::is_same_v<T, dpkit::bf16>) return T(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+
+template <class T>
+double as_double(T v) {
+  if constexpr (std::is_same_v<T, dpkit::f16> || std::is_same_v<T, dpkit::bf16>) return static_cast<float>(v);
+  else return static_cast<double>(v);
+}
+
+template <class T>
+double reference(std::size_t i, dpkit::reduce_op op, int n) {
+  double acc = as_double(input<T>(0, i, op));
+  for (int r = 1; r < n; ++r) {
+    const double x = as_double(input<T>(r, i, op));
+    switch (op) {
+    case dpkit::reduce_op::sum: case dpkit::reduce_op::avg: acc += x; break;
+    case dpkit::reduce_op::prod: acc *= x; break;
+    case dpkit::reduce_op::min: acc = std::min(acc, x); break;
+    case dpkit::reduce_op::max: acc = std::max(acc, x); break;
+    }
+  }
+  if (op == dpkit::reduce_op::avg) {
+    if constexpr (std::is_integral_v<T>) acc = std::trunc(acc / n);
+    else acc = acc / n;
+  }
+  return acc;
+}
+
+// Bytewise equality of `v` across ranks (allgather of a 64-bit FNV-1a hash).
+template <class T>
+bool identical_on_all_ranks(const std::vector<T>& v) {
+  std::uint64_t h = 1469598103934665603ull;
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  for (std::size_t k = 0; k < v.size() * sizeof(T); ++k) h = (h ^ p[k]) * 1099511628211ull;
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(world_size()));
+  MPI_Allgather(&h, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  for (auto x : all)
+    if (x != h) return false;
+  return true;
+}
+
+const std::vector<std::size_t> counts = {0, 1, 3, 7, 10007, (1u << 20) + 3};
+
+} // namespace
+
+TEST_CASE_TEMPLATE("mpi allreduce: every algorithm and op equals the sequential reference", T, float, double,
+                   dpkit::f16, dpkit::bf16, std::int8_t, std::uint8_t, std::int32_t, std::uint32_t, std::int64_t,
+                   std::uint64_t) {
+  dpkit::mpi comm(MPI_COMM_WORLD);
+  const int n = comm.size(), r = comm.rank();
+  for (auto algo : {dpkit::algorithm::ring, dpkit::algorithm::tree, dpkit::algorithm::native, dpkit::algorithm::automatic})
+    for (auto op : {dpkit::reduce_op::sum, dpkit::reduce_op::prod, dpkit::reduce_op::min, dpkit::reduce_op::max,
+                    dpkit::reduce_op::avg})
+      for (std::size_t count : counts) {
+        if (count > 100000 && !(std::is_same_v<T, float> || std::is_same_v<T, dpkit::bf16>)) continue;
+        CAPTURE(algo);
+        CAPTURE(op);
+        CAPTURE(count);
+        std::vector<T> in(count), out(count);
+        for (std::size_t i = 0; i < count; ++i) in[i] = input<T>(r, i, op);
+        dpkit::collective_options o;
+        o.segment_bytes = 4096; // several segments per chunk even at small counts
+        dpkit::allreduce(comm, in, out, op, {algo}, o);
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < count; ++i) {
+          const double ref = reference<T>(i, op, n);
+          T want;
+          if constexpr (std::is_same_v<T, dpkit::f16> || std::is_same_v<T, dpkit::bf16>) want = T(static_cast<float>(ref));
+          else want = static_cast<T>(ref);
+          if (std::memcmp(&want, &out[i], sizeof(T)) != 0) ++wrong;
+        }
+        CHECK(wrong == 0);
+        CHECK(identical_on_all_ranks(out));
+        // in place gives the same bytes
+        dpkit::allreduce(comm, in, op, {algo}, o);
+        CHECK(std::memcmp(in.data(), out.data(), count * sizeof(T)) == 0);
+      }
+}
+
+TEST_CASE("mpi reduce_scatter, allgather, broadcast, reduce, barrier") {
+  dpkit::mpi comm(MPI_COMM_WORLD);
+  const int n = comm.size(), r = comm.rank();
+  const auto un = static_cast<std::size_t>(n);
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{4099}}) {
+    CAPTURE(count);
+    dpkit::collective_options o;
+    o.segment_bytes = 1024;
+    // reduce-scatter: out[i] = sum_k in_k[r * count + i]
+    std::vector<std::int32_t> in(count * un), out(count);
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<std::int32_t>(i * 3 + static_cast<std::size_t>(r));
+    dpkit::reduce_scatter_ring(comm, in, out, dpkit::reduce_op::sum, o);
+    bool ok = true;
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::size_t gi = static_cast<std::size_t>(r) * count + i;
+      ok &= out[i] == static_cast<std::int32_t>(gi * 3 * un + un * (un - 1) / 2);
+    }
+    CHECK(ok);
+    // all-gather: out[k * count + i] = k * 1000 + i
+    std::vector<std::int64_t> mine(count), all(count * un);
+    for (std::size_t i = 0; i < count; ++i) mine[i] = r * 1000 + static_cast<std::int64_t>(i);
+    dpkit::allgather_ring(comm, mine, all, o);
+    ok = true;
+    for (std::size_t k = 0; k < un; ++k)
+      for (std::size_t i = 0; i < count; ++i) ok &= all[k * count + i] == static_cast<std::int64_t>(k * 1000 + i);
+    CHECK(ok);
+    for (int root = 0; root < n; ++root) {
+      CAPTURE(root);
+      std::vector<double> b(count, r == root ? 42.5 : -1.0);
+      dpkit::broadcast_tree(comm, b, root, o);
+      ok = true;
+      for (double x : b) ok &= x == 42.5;
+      CHECK(ok);
+      std::vector<float> src(count, static_cast<float>(r + 1)), dst(r == root ? count : 0);
+      dpkit::reduce_tree(comm, src, dst, dpkit::reduce_op::max, root, o);
+      ok = true;
+      for (float x : dst) ok &= x == static_cast<float>(n);
+      CHECK(ok);
+    }
+  }
+  dpkit::barrier(comm);
+}
+
+TEST_CASE("mpi async all-reduces complete in submission order") {
+  dpkit::mpi comm(MPI_COMM_WORLD);
+  const int n = comm.size();
+  std::vector<std::vector<float>> bufs;
+  for (int k = 0; k < 6; ++k) bufs.emplace_back(static_cast<std::size_t>(1000 * (k + 1)), static_cast<float>(k));
+  std::vector<dpkit::collective_handle> hs;
+  for (auto& b : bufs) hs.push_back(dpkit::allreduce_async(comm, b, dpkit::reduce_op::sum));
+  for (auto& h : hs) h.wait();
+  for (int k = 0; k < 6; ++k) {
+    bool ok = true;
+    for (float x : bufs[static_cast<std::size_t>(k)]) ok &= x == static_cast<float>(k * n);
+    CHECK(ok);
+  }
+}
+
+TEST_CASE("mpi bad input raises typed errors naming the value and rank") {
+  dpkit::mpi comm(MPI_COMM_WORLD);
+  std::vector<float> a(10), b(12);
+  CHECK_THROWS_WITH_AS(dpkit::allreduce_ring(comm, a, b), doctest::Contains("has 12 elements, expected 10"),
+                       dpkit::invalid_argument);
+  CHECK_THROWS_WITH_AS(dpkit::allreduce_ring(comm, a, b), doctest::Contains(("rank " + std::to_string(comm.rank())).c_str()),
+                       dpkit::invalid_argument);
+  std::vector<std::byte> buf(4);
+  CHECK_THROWS_WITH_AS((void)comm.isend(buf, comm.size() + 3, 0), doctest::Contains(std::to_string(comm.size() + 3).c_str()),
+                       dpkit::invalid_argument);
+  CHECK_THROWS_AS(dpkit::broadcast_tree(comm, a, comm.size()), dpkit::invalid_argument);
+  dpkit::barrier(comm);
+}
+
+TEST_CASE("mpi: a rank that never joins makes the others throw timeout_error within the deadline") {
+  const int n = world_size(), r = world_rank();
+  if (n < 2) return;
+  using namespace std::chrono;
+  for (auto algo : {dpkit::algorithm::ring, dpkit::algorithm::tree}) {
+    CAPTURE(algo);
+    {
+      // Own communicator: messages left behind by the aborted collective die with it.
+      dpkit::mpi comm(MPI_COMM_WORLD);
+      if (r != n - 1) {
+        std::vector<float> v(16, 1.0f);
+        dpkit::collective_options o;
+        o.timeout = milliseconds(300);
+        const auto t0 = steady_clock::now();
+        CHECK_THROWS_WITH_AS(dpkit::allreduce(comm, v, dpkit::reduce_op::sum, {algo}, o),
+                             doctest::Contains(("rank " + std::to_string(r)).c_str()), dpkit::timeout_error);
+        const auto waited = duration_cast<milliseconds>(steady_clock::now() - t0).count();
+        CHECK(waited >= 250);
+        CHECK(waited < 5000);
+      }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
