@@ -32,49 +32,42 @@ struct f16 {
   static constexpr f16 from_bits(std::uint16_t b) noexcept { f16 h; h.bits = b; return h; }
   friend constexpr bool operator==(f16 a, f16 b) noexcept { return a.bits == b.bits; }
 
-  /// Raw float -> binary16 bits, round to nearest, ties to even.
+  /// Raw float -> binary16 bits, round to nearest, ties to even; overflow
+  /// to infinity, NaN to a quiet NaN. Branch-free (selects only) so loops
+  /// over it vectorize (F. Giesen's float_to_half_fast3_rtne).
   static constexpr std::uint16_t from_float(float v) noexcept {
-    const std::uint32_t x = std::bit_cast<std::uint32_t>(v);
-    const std::uint32_t sign = (x >> 16) & 0x8000u;
-    const std::uint32_t ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) // inf or nan
-      return static_cast<std::uint16_t>(sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u));
-    if (ax >= 0x477ff000u) // rounds to >= 65520 -> inf
-      return static_cast<std::uint16_t>(sign | 0x7c00u);
-    if (ax < 0x38800000u) { // subnormal half (or zero): |v| < 2^-14
-      if (ax < 0x33000000u) return static_cast<std::uint16_t>(sign); // < 2^-25 -> 0
-      const std::uint32_t e = ax >> 23;
-      const std::uint32_t m = (ax & 0x7fffffu) | 0x800000u;
-      const std::uint32_t shift = 126u - e; // 14..24
-      std::uint32_t r = m >> shift;
-      const std::uint32_t rem = m & ((1u << shift) - 1u);
-      const std::uint32_t half = 1u << (shift - 1u);
-      if (rem > half || (rem == half && (r & 1u))) ++r;
-      return static_cast<std::uint16_t>(sign | r);
-    }
-    // normal: rebias exponent (127 -> 15) and round 13 dropped bits
-    std::uint32_t r = (ax - 0x38000000u) >> 13;
-    const std::uint32_t rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;
-    return static_cast<std::uint16_t>(sign | r);
+    constexpr std::uint32_t f32_inf = 255u << 23, f16_max = (127u + 16u) << 23;
+    constexpr std::uint32_t denorm_magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+    std::uint32_t x = std::bit_cast<std::uint32_t>(v);
+    const std::uint32_t sign = x & 0x80000000u;
+    x ^= sign;
+    // overflow / inf / nan
+    const std::uint32_t big = 0x7c00u | (static_cast<std::uint32_t>(x > f32_inf) << 9);
+    // subnormal half: let the FPU round by adding a magic number
+    const float sub_f = std::bit_cast<float>(x) + std::bit_cast<float>(denorm_magic);
+    const std::uint32_t sub = std::bit_cast<std::uint32_t>(sub_f) - denorm_magic;
+    // normal half: rebias and round to nearest even
+    const std::uint32_t mant_odd = (x >> 13) & 1u;
+    const std::uint32_t norm = (x + (static_cast<std::uint32_t>(15 - 127) << 23) + 0xfffu + mant_odd) >> 13;
+    const std::uint32_t m_big = 0u - static_cast<std::uint32_t>(x >= f16_max);
+    const std::uint32_t m_sub = 0u - static_cast<std::uint32_t>(x < (113u << 23));
+    const std::uint32_t o = (big & m_big) | (~m_big & ((sub & m_sub) | (norm & ~m_sub)));
+    return static_cast<std::uint16_t>(o | (sign >> 16));
   }
-  /// Raw binary16 bits -> float (exact).
+  /// Raw binary16 bits -> float (exact). Branch-free (selects only).
   static constexpr float to_float(std::uint16_t h) noexcept {
-    const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-    const std::uint32_t e = (h >> 10) & 0x1fu;
-    const std::uint32_t m = h & 0x3ffu;
-    std::uint32_t x;
-    if (e == 0x1fu) {
-      x = sign | 0x7f800000u | (m << 13);
-    } else if (e != 0) {
-      x = sign | ((e + 112u) << 23) | (m << 13);
-    } else if (m == 0) {
-      x = sign;
-    } else { // subnormal: value = m * 2^-24
-      const float f = static_cast<float>(m) * 5.9604644775390625e-08f;
-      x = sign | std::bit_cast<std::uint32_t>(f);
-    }
-    return std::bit_cast<float>(x);
+    constexpr std::uint32_t shifted_exp = 0x7c00u << 13;
+    std::uint32_t o = (static_cast<std::uint32_t>(h) & 0x7fffu) << 13;
+    const std::uint32_t exp = o & shifted_exp;
+    o += (127u - 15u) << 23;
+    const std::uint32_t inf_nan = o + ((128u - 16u) << 23);
+    // subnormal: renormalize through the FPU
+    const float sub_f = std::bit_cast<float>(o + (1u << 23)) - std::bit_cast<float>(113u << 23);
+    const std::uint32_t sub = std::bit_cast<std::uint32_t>(sub_f);
+    const std::uint32_t m_inf = 0u - static_cast<std::uint32_t>(exp == shifted_exp);
+    const std::uint32_t m_sub = 0u - static_cast<std::uint32_t>(exp == 0);
+    o = (inf_nan & m_inf) | (~m_inf & ((sub & m_sub) | (o & ~m_sub)));
+    return std::bit_cast<float>(o | ((static_cast<std::uint32_t>(h) & 0x8000u) << 16));
   }
 };
 
@@ -95,10 +88,10 @@ struct bf16 {
   /// Raw float -> bfloat16 bits, round to nearest, ties to even; NaN stays quiet NaN.
   static constexpr std::uint16_t from_float(float v) noexcept {
     const std::uint32_t x = std::bit_cast<std::uint32_t>(v);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-      return static_cast<std::uint16_t>((x >> 16) | 0x40u);
     const std::uint32_t lsb = (x >> 16) & 1u;
-    return static_cast<std::uint16_t>((x + 0x7fffu + lsb) >> 16);
+    const std::uint32_t rounded = (x + 0x7fffu + lsb) >> 16;
+    const std::uint32_t nan = (x >> 16) | 0x40u;
+    return static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
   }
   /// Raw bfloat16 bits -> float (exact).
   static constexpr float to_float(std::uint16_t b) noexcept {

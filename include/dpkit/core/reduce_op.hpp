@@ -60,29 +60,39 @@ inline T combine(T a, T b) noexcept {
   else return a < b ? b : a;
 }
 
+// Elements per block: the inner loops below have this compile-time trip
+// count, which g++'s -O2 "very cheap" vectorizer accepts (it rejects loops
+// that need a scalar epilogue); the tail is a separate scalar loop.
+template <class T>
+inline constexpr std::size_t block_elems = 128 / sizeof(T);
+
 template <reduce_op Op, class T>
-inline void reduce_loop(T* __restrict dst, const T* __restrict a, const T* __restrict b, std::size_t n) noexcept {
+inline T combine_any(T a, T b) noexcept {
   if constexpr (is_half_v<T>) {
     using U = std::remove_cv_t<T>;
-    for (std::size_t i = 0; i < n; ++i) {
-      const float r = combine<Op>(U::to_float(a[i].bits), U::to_float(b[i].bits));
-      dst[i].bits = U::from_float(r);
-    }
+    return U::from_bits(U::from_float(combine<Op>(U::to_float(a.bits), U::to_float(b.bits))));
   } else {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = combine<Op>(a[i], b[i]);
+    return combine<Op>(a, b);
   }
+}
+
+template <reduce_op Op, class T>
+inline void reduce_loop(T* __restrict dst, const T* __restrict a, const T* __restrict b, std::size_t n) noexcept {
+  constexpr std::size_t B = block_elems<T>;
+  std::size_t i = 0;
+  for (; i + B <= n; i += B)
+    for (std::size_t k = 0; k < B; ++k) dst[i + k] = combine_any<Op>(a[i + k], b[i + k]);
+  for (; i < n; ++i) dst[i] = combine_any<Op>(a[i], b[i]);
 }
 
 // In-place variant (dst may alias a): dst[i] = dst[i] op b[i].
 template <reduce_op Op, class T>
 inline void reduce_inplace_loop(T* __restrict dst, const T* __restrict b, std::size_t n) noexcept {
-  if constexpr (is_half_v<T>) {
-    using U = std::remove_cv_t<T>;
-    for (std::size_t i = 0; i < n; ++i)
-      dst[i].bits = U::from_float(combine<Op>(U::to_float(dst[i].bits), U::to_float(b[i].bits)));
-  } else {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = combine<Op>(dst[i], b[i]);
-  }
+  constexpr std::size_t B = block_elems<T>;
+  std::size_t i = 0;
+  for (; i + B <= n; i += B)
+    for (std::size_t k = 0; k < B; ++k) dst[i + k] = combine_any<Op>(dst[i + k], b[i + k]);
+  for (; i < n; ++i) dst[i] = combine_any<Op>(dst[i], b[i]);
 }
 
 } // namespace detail
@@ -113,16 +123,15 @@ template <element T>
 inline void divide_host(T* data, std::size_t n, std::size_t divisor) noexcept {
   if (divisor <= 1) return;
   using U = std::remove_cv_t<T>;
-  if constexpr (detail::is_half_v<U>) {
-    const float d = static_cast<float>(divisor);
-    for (std::size_t i = 0; i < n; ++i) data[i].bits = U::from_float(U::to_float(data[i].bits) / d);
-  } else if constexpr (std::is_floating_point_v<U>) {
-    const U d = static_cast<U>(divisor);
-    for (std::size_t i = 0; i < n; ++i) data[i] = data[i] / d;
-  } else {
-    const U d = static_cast<U>(divisor);
-    for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<U>(data[i] / d);
-  }
+  constexpr std::size_t B = detail::block_elems<U>;
+  auto one = [divisor](U x) noexcept -> U {
+    if constexpr (detail::is_half_v<U>) return U::from_bits(U::from_float(U::to_float(x.bits) / static_cast<float>(divisor)));
+    else return static_cast<U>(x / static_cast<U>(divisor));
+  };
+  std::size_t i = 0;
+  for (; i + B <= n; i += B)
+    for (std::size_t k = 0; k < B; ++k) data[i + k] = one(data[i + k]);
+  for (; i < n; ++i) data[i] = one(data[i]);
 }
 
 } // namespace dpkit
