@@ -79,20 +79,27 @@ inline T combine_any(T a, T b) noexcept {
 template <reduce_op Op, class T>
 inline void reduce_loop(T* __restrict dst, const T* __restrict a, const T* __restrict b, std::size_t n) noexcept {
   constexpr std::size_t B = block_elems<T>;
-  std::size_t i = 0;
-  for (; i + B <= n; i += B)
-    for (std::size_t k = 0; k < B; ++k) dst[i + k] = combine_any<Op>(a[i + k], b[i + k]);
-  for (; i < n; ++i) dst[i] = combine_any<Op>(a[i], b[i]);
+  const std::size_t nb = n / B;
+  for (std::size_t blk = 0; blk < nb; ++blk) {
+    T* __restrict d = dst + blk * B;
+    const T* __restrict x = a + blk * B;
+    const T* __restrict y = b + blk * B;
+    for (std::size_t k = 0; k < B; ++k) d[k] = combine_any<Op>(x[k], y[k]);
+  }
+  for (std::size_t i = nb * B; i < n; ++i) dst[i] = combine_any<Op>(a[i], b[i]);
 }
 
 // In-place variant (dst may alias a): dst[i] = dst[i] op b[i].
 template <reduce_op Op, class T>
 inline void reduce_inplace_loop(T* __restrict dst, const T* __restrict b, std::size_t n) noexcept {
   constexpr std::size_t B = block_elems<T>;
-  std::size_t i = 0;
-  for (; i + B <= n; i += B)
-    for (std::size_t k = 0; k < B; ++k) dst[i + k] = combine_any<Op>(dst[i + k], b[i + k]);
-  for (; i < n; ++i) dst[i] = combine_any<Op>(dst[i], b[i]);
+  const std::size_t nb = n / B;
+  for (std::size_t blk = 0; blk < nb; ++blk) {
+    T* __restrict d = dst + blk * B;
+    const T* __restrict y = b + blk * B;
+    for (std::size_t k = 0; k < B; ++k) d[k] = combine_any<Op>(d[k], y[k]);
+  }
+  for (std::size_t i = nb * B; i < n; ++i) dst[i] = combine_any<Op>(dst[i], b[i]);
 }
 
 } // namespace detail
@@ -128,10 +135,12 @@ inline void divide_host(T* data, std::size_t n, std::size_t divisor) noexcept {
     if constexpr (detail::is_half_v<U>) return U::from_bits(U::from_float(U::to_float(x.bits) / static_cast<float>(divisor)));
     else return static_cast<U>(x / static_cast<U>(divisor));
   };
-  std::size_t i = 0;
-  for (; i + B <= n; i += B)
-    for (std::size_t k = 0; k < B; ++k) data[i + k] = one(data[i + k]);
-  for (; i < n; ++i) data[i] = one(data[i]);
+  const std::size_t nb = n / B;
+  for (std::size_t blk = 0; blk < nb; ++blk) {
+    U* __restrict d = data + blk * B;
+    for (std::size_t k = 0; k < B; ++k) d[k] = one(d[k]);
+  }
+  for (std::size_t i = nb * B; i < n; ++i) data[i] = one(data[i]);
 }
 
 } // namespace dpkit
