@@ -1,0 +1,54 @@
+// quickstart: average a gradient across ranks with every all-reduce algorithm
+// and check it against the sequential answer.
+//   mpirun -np 4 build/examples/quickstart        (MPI build: one process per rank)
+//   build/examples/quickstart 4                    (any build: 4 ranks as threads)
+#include <dpkit/dpkit.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+// Runs on every rank; returns the number of wrong elements.
+template <dpkit::transport C>
+int step(C& comm) {
+  const std::size_t count = 1'000'003; // prime: chunks are not equal
+  std::vector<float> grad(count);
+  int wrong = 0;
+  for (auto algo : {dpkit::algorithm::ring, dpkit::algorithm::tree, dpkit::algorithm::automatic}) {
+    for (std::size_t i = 0; i < count; ++i) grad[i] = static_cast<float>(comm.rank() + static_cast<int>(i % 7));
+    dpkit::allreduce(comm, grad, dpkit::reduce_op::sum, {algo});
+    const int n = comm.size();
+    for (std::size_t i = 0; i < count; ++i)
+      wrong += grad[i] != static_cast<float>(n * (n - 1) / 2 + n * static_cast<int>(i % 7));
+    if (comm.rank() == 0) std::printf("%-9s all-reduce of %zu floats on %d ranks: %s\n",
+                                      std::string(dpkit::algorithm_name(algo)).c_str(), count, n, wrong ? "WRONG" : "ok");
+  }
+  return wrong;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+#ifdef DPKIT_WITH_MPI
+  if (argc < 2) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+    int wrong = 0;
+    {
+      dpkit::mpi comm(MPI_COMM_WORLD);
+      wrong = step(comm);
+    }
+    MPI_Finalize();
+    return wrong ? 1 : 0;
+  }
+#endif
+  const int ranks = argc > 1 ? std::atoi(argv[1]) : 4;
+  dpkit::inproc_world world(ranks);
+  std::vector<int> wrong(static_cast<std::size_t>(ranks));
+  world.run([&](dpkit::inproc& comm) { wrong[static_cast<std::size_t>(comm.rank())] = step(comm); });
+  for (int w : wrong)
+    if (w) return 1;
+  return 0;
+}
