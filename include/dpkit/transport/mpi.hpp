@@ -66,17 +66,18 @@ inline constexpr std::size_t mpi_max_message = std::size_t{1} << 30;
 } // namespace detail
 
 /// A pending MPI send or receive (models dpkit::request). Holds one MPI
-/// request per 1 GiB piece. Destroying it while incomplete cancels it.
+/// request per 1 GiB piece (inline for the usual single piece, so a message
+/// costs no heap allocation). Destroying it while incomplete cancels it.
 class mpi_request {
 public:
   mpi_request() = default;
-  mpi_request(std::vector<MPI_Request> r, int rank, int peer, int tag, bool is_send)
-      : reqs_(std::move(r)), rank_(rank), peer_(peer), tag_(tag), is_send_(is_send) {}
+  /// Internal: takes ownership of `count` requests (first inline, rest in more).
+  mpi_request(MPI_Request first, std::vector<MPI_Request> more, int rank, int peer, int tag, bool is_send)
+      : first_(first), more_(std::move(more)), rank_(rank), peer_(peer), tag_(tag), is_send_(is_send) {}
   mpi_request(mpi_request&& o) noexcept { swap(o); }
   mpi_request& operator=(mpi_request&& o) noexcept {
     if (this != &o) {
       cancel();
-      reqs_.clear();
       swap(o);
     }
     return *this;
@@ -86,12 +87,19 @@ public:
   /// True once complete (progresses MPI).
   /// @throws dpkit::error if MPI reports an error.
   bool test() {
-    if (reqs_.empty()) return true;
-    int flag = 0;
-    detail::mpi_check(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE),
-                      "MPI_Testall", rank_);
-    if (flag) reqs_.clear();
-    return flag != 0;
+    if (first_ != MPI_REQUEST_NULL) {
+      int flag = 0;
+      detail::mpi_check(MPI_Test(&first_, &flag, MPI_STATUS_IGNORE), "MPI_Test", rank_);
+      if (!flag) return false;
+    }
+    if (!more_.empty()) {
+      int flag = 0;
+      detail::mpi_check(MPI_Testall(static_cast<int>(more_.size()), more_.data(), &flag, MPI_STATUSES_IGNORE),
+                        "MPI_Testall", rank_);
+      if (!flag) return false;
+      more_.clear();
+    }
+    return true;
   }
   /// Polls until complete.
   /// @throws dpkit::timeout_error past deadline d (naming rank, peer, tag);
@@ -113,29 +121,35 @@ public:
 
 private:
   void swap(mpi_request& o) noexcept {
-    std::swap(reqs_, o.reqs_);
+    std::swap(first_, o.first_);
+    std::swap(more_, o.more_);
     std::swap(rank_, o.rank_);
     std::swap(peer_, o.peer_);
     std::swap(tag_, o.tag_);
     std::swap(is_send_, o.is_send_);
   }
+  static void cancel_one(MPI_Request& r) noexcept {
+    if (r == MPI_REQUEST_NULL) return;
+    int done = 0;
+    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    if (!done) {
+      MPI_Cancel(&r);
+      MPI_Request_free(&r);
+    }
+    r = MPI_REQUEST_NULL;
+  }
   void cancel() noexcept {
+    if (first_ == MPI_REQUEST_NULL && more_.empty()) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
-    for (auto& r : reqs_) {
-      if (r == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-      if (!done) {
-        MPI_Cancel(&r);
-        MPI_Request_free(&r);
-      }
-    }
-    reqs_.clear();
+    cancel_one(first_);
+    for (auto& r : more_) cancel_one(r);
+    more_.clear();
   }
 
-  std::vector<MPI_Request> reqs_;
+  MPI_Request first_ = MPI_REQUEST_NULL;
+  std::vector<MPI_Request> more_;
   int rank_ = 0, peer_ = 0, tag_ = 0;
   bool is_send_ = false;
 };
@@ -195,25 +209,29 @@ public:
   /// @throws dpkit::invalid_argument if peer is out of range; dpkit::error on MPI failure.
   mpi_request isend(std::span<const std::byte> data, int peer, int tag) {
     check_peer(peer, "isend");
-    std::vector<MPI_Request> reqs;
+    MPI_Request first = MPI_REQUEST_NULL;
+    std::vector<MPI_Request> more;
     for_pieces(data.size(), [&](std::size_t off, int n) {
       MPI_Request r;
       detail::mpi_check(MPI_Isend(data.data() + off, n, MPI_BYTE, peer, tag, comm_, &r), "MPI_Isend", rank_);
-      reqs.push_back(r);
+      if (off == 0) first = r;
+      else more.push_back(r);
     });
-    return mpi_request(std::move(reqs), rank_, peer, tag, true);
+    return mpi_request(first, std::move(more), rank_, peer, tag, true);
   }
   /// MPI_Irecv of exactly data.size() bytes from `peer` with `tag`.
   /// @throws dpkit::invalid_argument if peer is out of range; dpkit::error on MPI failure.
   mpi_request irecv(std::span<std::byte> data, int peer, int tag) {
     check_peer(peer, "irecv");
-    std::vector<MPI_Request> reqs;
+    MPI_Request first = MPI_REQUEST_NULL;
+    std::vector<MPI_Request> more;
     for_pieces(data.size(), [&](std::size_t off, int n) {
       MPI_Request r;
       detail::mpi_check(MPI_Irecv(data.data() + off, n, MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv", rank_);
-      reqs.push_back(r);
+      if (off == 0) first = r;
+      else more.push_back(r);
     });
-    return mpi_request(std::move(reqs), rank_, peer, tag, false);
+    return mpi_request(first, std::move(more), rank_, peer, tag, false);
   }
 
   /// The communication thread running *_async collectives in order.
