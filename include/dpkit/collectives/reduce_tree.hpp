@@ -5,6 +5,8 @@
 
 #include "../detail/tree.hpp"
 
+#include <tuple>
+
 namespace dpkit {
 
 /// Reduces every rank's `in` into `out` on rank `root`.
@@ -33,6 +35,13 @@ void reduce_tree(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum
   }
   detail::tree_raw<C, T>(comm, ctx, ip, outp, count, op, root, detail::tree_mode::reduce, o,
                          detail::make_local<C, T>(comm, ctx, space_of(in)));
+}
+
+/// In-place tree reduce: on root, t becomes op over all ranks of t; on other
+/// ranks t is only read.
+template <transport C, tensor Tn>
+void reduce_tree(C& comm, Tn&& t, reduce_op op = reduce_op::sum, int root = 0, const collective_options& o = {}) {
+  reduce_tree(comm, t, t, op, root, o);
 }
 
 } // namespace dpkit

@@ -48,13 +48,18 @@ void tree_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t c
   auto len = [&](std::size_t j) { return std::min(seg, count - j * seg); };
 
   using req = request_t<C>;
+  // All requests of the call live in one pool (one allocation per call):
+  // [up_recv: 2 per segment][up_send][down_recv][down_send: 2 per segment].
+  std::vector<req> pool(6 * nseg);
+  auto up_recv = [&](std::size_t j, int c) -> req& { return pool[2 * j + static_cast<std::size_t>(c)]; };
+  auto up_send = [&](std::size_t j) -> req& { return pool[2 * nseg + j]; };
+  auto down_recv = [&](std::size_t j) -> req& { return pool[3 * nseg + j]; };
+  auto down_send = [&](std::size_t j, int c) -> req& { return pool[4 * nseg + 2 * j + static_cast<std::size_t>(c)]; };
   // Up phase state.
   scratch_arena::lease lease(arena_of(comm));
   scratch<T> child_slots(do_up ? static_cast<std::size_t>(nchild) * depth * slot : 0, L, &lease, 0);
   const bool staging = mode == tree_mode::reduce && !is_root && nchild > 0;
   scratch<T> stage(staging ? depth * slot : 0, L, &lease, 1);
-  std::vector<std::array<req, 2>> up_recv(do_up ? nseg : 0);
-  std::vector<req> up_send(do_up && !is_root ? nseg : 0);
   std::size_t up_done = do_up ? 0 : nseg, up_posted = 0;
   auto child_slot = [&](int c, std::size_t j) {
     return child_slots.data() + (static_cast<std::size_t>(c) * depth + j % depth) * slot;
@@ -62,23 +67,21 @@ void tree_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t c
   auto post_up = [&] {
     while (do_up && up_posted < nseg && up_posted < up_done + depth) {
       for (int c = 0; c < nchild; ++c)
-        up_recv[up_posted][static_cast<std::size_t>(c)] =
+        up_recv(up_posted, c) =
             comm.irecv(bytes_of(child_slot(c, up_posted), len(up_posted)), child[static_cast<std::size_t>(c)], tag_up);
       ++up_posted;
     }
   };
   // Down phase state.
-  std::vector<req> down_recv(do_down && !is_root ? nseg : 0);
-  std::vector<req> down_send;
   std::size_t down_done = do_down ? 0 : nseg, down_posted = 0;
   auto can_post_down = [&](std::size_t j) {
     if (mode == tree_mode::broadcast) return true;
     if (j >= up_done) return false;
-    return up_send[j].test(); // out segment j must have left before it is overwritten
+    return up_send(j).test(); // out segment j must have left before it is overwritten
   };
   auto post_down = [&] {
     while (do_down && !is_root && down_posted < nseg && down_posted < down_done + depth && can_post_down(down_posted)) {
-      down_recv[down_posted] = comm.irecv(bytes_of(out + down_posted * seg, len(down_posted)), parent, tag_down);
+      down_recv(down_posted) = comm.irecv(bytes_of(out + down_posted * seg, len(down_posted)), parent, tag_down);
       ++down_posted;
     }
   };
@@ -92,15 +95,15 @@ void tree_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t c
     if (up_done < nseg) {
       const std::size_t j = up_done;
       bool ready = true;
-      for (int c = 0; c < nchild && ready; ++c) ready = up_recv[j][static_cast<std::size_t>(c)].test();
+      for (int c = 0; c < nchild && ready; ++c) ready = up_recv(j, c).test();
       if (ready) {
-        for (int c = 0; c < nchild; ++c) wait_ctx(up_recv[j][static_cast<std::size_t>(c)], dl, ctx);
+        for (int c = 0; c < nchild; ++c) wait_ctx(up_recv(j, c), dl, ctx);
         const T* src = in + j * seg;
         const T* acc = src;
         if (nchild > 0) {
           T* dst;
           if (staging) {
-            if (j >= depth) wait_ctx(up_send[j - depth], dl, ctx);
+            if (j >= depth) wait_ctx(up_send(j - depth), dl, ctx);
             dst = stage.data() + (j % depth) * slot;
           } else {
             dst = out + j * seg;
@@ -114,7 +117,7 @@ void tree_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t c
         }
         if (is_root && op == reduce_op::avg) L.divide(out + j * seg, len(j), static_cast<std::size_t>(n));
         L.sync();
-        if (!is_root) up_send[j] = comm.isend(bytes_of(acc, len(j)), parent, tag_up);
+        if (!is_root) up_send(j) = comm.isend(bytes_of(acc, len(j)), parent, tag_up);
         ++up_done;
         post_up();
         progressed = true;
@@ -126,16 +129,16 @@ void tree_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t c
         if (j < up_done) {
           const T* src = (mode == tree_mode::broadcast ? in : out) + j * seg;
           for (int c = 0; c < nchild; ++c)
-            down_send.push_back(comm.isend(bytes_of(src, len(j)), child[static_cast<std::size_t>(c)], tag_down));
+            down_send(j, c) = comm.isend(bytes_of(src, len(j)), child[static_cast<std::size_t>(c)], tag_down);
           ++down_done;
           progressed = true;
         }
       } else {
         post_down();
-        if (j < down_posted && down_recv[j].test()) {
-          wait_ctx(down_recv[j], dl, ctx);
+        if (j < down_posted && down_recv(j).test()) {
+          wait_ctx(down_recv(j), dl, ctx);
           for (int c = 0; c < nchild; ++c)
-            down_send.push_back(comm.isend(bytes_of(out + j * seg, len(j)), child[static_cast<std::size_t>(c)], tag_down));
+            down_send(j, c) = comm.isend(bytes_of(out + j * seg, len(j)), child[static_cast<std::size_t>(c)], tag_down);
           ++down_done;
           post_down();
           progressed = true;
@@ -146,16 +149,15 @@ void tree_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t c
       // Block on something that must complete: children always finish their
       // up-phase independently of us, the parent its down-phase.
       if (up_done < nseg) {
-        for (int c = 0; c < nchild; ++c) wait_ctx(up_recv[up_done][static_cast<std::size_t>(c)], dl, ctx);
+        for (int c = 0; c < nchild; ++c) wait_ctx(up_recv(up_done, c), dl, ctx);
       } else if (down_done < nseg && !is_root) {
         const std::size_t j = down_done;
-        if (j < down_posted) wait_ctx(down_recv[j], dl, ctx);
-        else wait_ctx(up_send[j], dl, ctx);
+        if (j < down_posted) wait_ctx(down_recv(j), dl, ctx);
+        else wait_ctx(up_send(j), dl, ctx);
       }
     }
   }
-  wait_all_ctx(up_send, dl, ctx);
-  wait_all_ctx(down_send, dl, ctx);
+  for (auto& q : pool) wait_ctx(q, dl, ctx); // sends still in flight (completed ones return at once)
 }
 
 } // namespace dpkit::detail

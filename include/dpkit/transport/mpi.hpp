@@ -114,7 +114,7 @@ public:
                               (is_send_ ? "send to" : "receive from") + " rank " + std::to_string(peer_) + " (tag " +
                               std::to_string(tag_) + ")");
         }
-        if (spins > 4096) std::this_thread::yield(); // oversubscribed ranks
+        if (spins > 1024) std::this_thread::yield(); // let an oversubscribed peer run
       }
     }
   }
@@ -255,14 +255,29 @@ public:
     if (op == reduce_op::avg) finish_avg(out, count, t);
   }
   /// MPI_Reduce_scatter_block: `count` = elements per rank of the output.
+  /// In place follows NCCL: out == in + rank * count (the result lands in
+  /// this rank's chunk; MPI_IN_PLACE puts it at the front, so it is moved
+  /// there and the front chunk is left unspecified).
+  /// @throws dpkit::invalid_argument if count > INT_MAX.
   void native_reduce_scatter(const void* in, void* out, std::size_t count, element_type t, reduce_op op) {
     check_int(count, "MPI_Reduce_scatter_block");
-    detail::mpi_check(MPI_Reduce_scatter_block(in == out ? MPI_IN_PLACE : in, out, static_cast<int>(count), datatype(t),
-                                               mpi_op(t, op), comm_),
-                      "MPI_Reduce_scatter_block", rank_);
+    const std::size_t es = element_size(t);
+    const auto* own = static_cast<const std::byte*>(in) + static_cast<std::size_t>(rank_) * count * es;
+    if (own == out) {
+      auto* buf = const_cast<void*>(in);
+      detail::mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, static_cast<int>(count), datatype(t),
+                                                 mpi_op(t, op), comm_),
+                        "MPI_Reduce_scatter_block", rank_);
+      if (buf != out && count) std::memmove(out, buf, count * es);
+    } else {
+      detail::mpi_check(MPI_Reduce_scatter_block(in, out, static_cast<int>(count), datatype(t), mpi_op(t, op), comm_),
+                        "MPI_Reduce_scatter_block", rank_);
+    }
     if (op == reduce_op::avg) finish_avg(out, count, t);
   }
-  /// MPI_Allgather: `count` = elements per rank of the input.
+  /// MPI_Allgather: `count` = elements per rank of the input; in place when
+  /// in == out + rank * count (NCCL's convention).
+  /// @throws dpkit::invalid_argument if count > INT_MAX.
   void native_allgather(const void* in, void* out, std::size_t count, element_type t) {
     check_int(count, "MPI_Allgather");
     const auto* o = static_cast<const std::byte*>(out) + static_cast<std::size_t>(rank_) * count * element_size(t);
@@ -279,12 +294,15 @@ public:
                         rank_);
     });
   }
-  /// MPI_Reduce to root.
+  /// MPI_Reduce to root (out is used on root only; counts above INT_MAX are split).
   void native_reduce(const void* in, void* out, std::size_t count, element_type t, reduce_op op, int root) {
-    check_int(count, "MPI_Reduce");
-    const void* send = (rank_ == root && in == out) ? MPI_IN_PLACE : in;
-    detail::mpi_check(MPI_Reduce(send, out, static_cast<int>(count), datatype(t), mpi_op(t, op), root, comm_),
-                      "MPI_Reduce", rank_);
+    const std::size_t es = element_size(t);
+    for_counts(count, [&](std::size_t off, int n) {
+      const auto* i = static_cast<const std::byte*>(in) + off * es;
+      auto* o = rank_ == root ? static_cast<std::byte*>(out) + off * es : nullptr;
+      const void* send = (rank_ == root && i == o) ? MPI_IN_PLACE : static_cast<const void*>(i);
+      detail::mpi_check(MPI_Reduce(send, o, n, datatype(t), mpi_op(t, op), root, comm_), "MPI_Reduce", rank_);
+    });
     if (op == reduce_op::avg && rank_ == root) finish_avg(out, count, t);
   }
   /// MPI_Barrier.
