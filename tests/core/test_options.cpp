@@ -1,0 +1,130 @@
+// collective_options, allreduce_policy, algorithm parsing, error hierarchy,
+// collective_handle basics.
+#include <dpkit/dpkit.hpp>
+
+#include <doctest/doctest.h>
+
+#include <sstream>
+#include <string>
+#include <type_traits>
+
+template <class T>
+std::string str(const T& v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+TEST_CASE("collective_options: defaults, equality, printing, deadline") {
+  dpkit::collective_options o;
+  CHECK(o.segment_bytes == (1u << 20));
+  CHECK(o.pipeline_depth == 2);
+  CHECK(o.timeout == std::chrono::minutes(30));
+  CHECK(o.tag == 0x6470);
+  CHECK(str(o) == "segment_bytes=1048576 pipeline_depth=2 timeout_ms=1800000 tag=25712");
+  dpkit::collective_options p{64, 4, std::chrono::milliseconds(200), 7};
+  CHECK(str(p) == "segment_bytes=64 pipeline_depth=4 timeout_ms=200 tag=7");
+  CHECK(o == dpkit::collective_options{});
+  CHECK_FALSE(o == p);
+  auto q = o;
+  q.tag = 1;
+  CHECK_FALSE(o == q);
+  const auto before = dpkit::clock::now();
+  const auto d = dpkit::deadline_after(std::chrono::milliseconds(500));
+  CHECK(d - before >= std::chrono::milliseconds(500));
+  CHECK(d - dpkit::clock::now() <= std::chrono::milliseconds(500));
+}
+
+TEST_CASE("algorithm: names and parsing") {
+  using dpkit::algorithm;
+  CHECK(dpkit::parse_algorithm("auto") == algorithm::automatic);
+  for (auto a : {algorithm::automatic, algorithm::ring, algorithm::tree, algorithm::native}) {
+    CHECK(dpkit::parse_algorithm(dpkit::algorithm_name(a)) == a);
+    CHECK(str(a) == dpkit::algorithm_name(a));
+  }
+  CHECK(str(algorithm::ring) == "ring");
+  for (const char* bad : {"", "Ring", "trees", "nccl"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(dpkit::parse_algorithm(bad), dpkit::invalid_argument);
+    try {
+      dpkit::parse_algorithm(bad);
+    } catch (const dpkit::invalid_argument& e) {
+      CHECK(std::string(e.what()).find(std::string("'") + bad + "'") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("allreduce_policy: equality, printing, choose") {
+  using dpkit::algorithm;
+  dpkit::allreduce_policy p;
+  CHECK(p == dpkit::allreduce_policy{});
+  CHECK(str(p) == "allreduce_policy{algo=automatic, tree_max_bytes=32768, tree_min_world=16, "
+                  "tree_max_bytes_large_world=262144}");
+  dpkit::allreduce_policy ring{algorithm::ring};
+  CHECK_FALSE(p == ring);
+  CHECK(str(ring).find("algo=ring") != std::string::npos);
+  auto q = p;
+  q.tree_min_world = 8;
+  CHECK_FALSE(p == q);
+  // Explicit algorithms are returned as is.
+  for (auto a : {algorithm::ring, algorithm::tree, algorithm::native}) {
+    dpkit::allreduce_policy e{a};
+    CHECK(e.choose(0, 1) == a);
+    CHECK(e.choose(1u << 30, 1024) == a);
+  }
+  // automatic: tree below tree_max_bytes ...
+  CHECK(p.choose(0, 2) == algorithm::tree);
+  CHECK(p.choose(32767, 2) == algorithm::tree);
+  CHECK(p.choose(32768, 2) == algorithm::ring);
+  CHECK(p.choose(32768, 15) == algorithm::ring);
+  // ... and on large worlds below tree_max_bytes_large_world.
+  CHECK(p.choose(32768, 16) == algorithm::tree);
+  CHECK(p.choose(262143, 64) == algorithm::tree);
+  CHECK(p.choose(262144, 64) == algorithm::ring);
+  CHECK(p.choose(1u << 30, 2) == algorithm::ring);
+  CHECK(q.choose(100000, 8) == algorithm::tree);
+  CHECK(q.choose(100000, 7) == algorithm::ring);
+}
+
+TEST_CASE("errors: hierarchy") {
+  static_assert(std::is_base_of_v<std::runtime_error, dpkit::error>);
+  static_assert(std::is_base_of_v<std::invalid_argument, dpkit::invalid_argument>);
+  static_assert(std::is_base_of_v<dpkit::error, dpkit::timeout_error>);
+  static_assert(std::is_base_of_v<dpkit::error, dpkit::format_error>);
+  CHECK_THROWS_AS(throw dpkit::timeout_error("x"), dpkit::error);
+  CHECK_THROWS_WITH(throw dpkit::format_error("bad file f.idx"), "bad file f.idx");
+}
+
+TEST_CASE("collective_handle: default is complete; progress_thread runs FIFO and propagates exceptions") {
+  dpkit::collective_handle h;
+  CHECK_FALSE(h.valid());
+  CHECK(h.test());
+  h.wait();
+  h.wait(dpkit::clock::now());
+  std::vector<int> order;
+  dpkit::collective_handle a, b, c;
+  {
+    dpkit::progress_thread t;
+    a = t.submit([&] { order.push_back(1); });
+    b = t.submit([&] { order.push_back(2); throw dpkit::invalid_argument("task 2 failed"); });
+    c = t.submit([&] { order.push_back(3); });
+    CHECK(a.valid());
+    a.wait();
+    CHECK_THROWS_WITH_AS(b.wait(), "task 2 failed", dpkit::invalid_argument);
+    b.wait(); // rethrown once only
+    c.wait(dpkit::clock::now() + std::chrono::seconds(10));
+    CHECK(c.test());
+  }
+  CHECK(order == std::vector<int>{1, 2, 3});
+  // wait(deadline) times out when the task is still running.
+  dpkit::progress_thread t;
+  std::atomic<bool> release{false};
+  auto slow = t.submit([&] { while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
+  const auto t0 = dpkit::clock::now();
+  CHECK_THROWS_AS(slow.wait(dpkit::clock::now() + std::chrono::milliseconds(50)), dpkit::timeout_error);
+  CHECK(dpkit::clock::now() - t0 >= std::chrono::milliseconds(50));
+  CHECK_FALSE(slow.test());
+  release = true;
+  slow.wait();
+  CHECK(slow.test());
+}
