@@ -95,7 +95,8 @@ public:
 
   /// This rank's k-th dataset index of the epoch. Precondition: k < size().
   [[nodiscard]] std::uint64_t operator[](std::uint64_t k) const noexcept {
-    const std::uint64_t p = (rank_ + k * world_) % n_;
+    std::uint64_t p = rank_ + k * world_;
+    if (p >= n_) p %= n_; // padding repeats the head of the list
     return opt_.shuffle ? static_cast<std::uint64_t>(engine_[p]) : p;
   }
 

@@ -17,9 +17,11 @@
 #include <array>
 #include <atomic>
 #include <bit>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -536,7 +538,6 @@ inline jsonl_index_build_result build_jsonl_index(const std::filesystem::path& s
   }
   parts.clear();
   parts.shrink_to_fit();
-  if (::fsync(fd.get()) != 0) throw error(dd::errno_message("build_jsonl_index: cannot fsync", tmp, errno));
   {
     const mapped_file written(tmp, access_advice::sequential);
     if (written.size() != total)
@@ -575,8 +576,9 @@ inline jsonl_index_build_result build_jsonl_index(const std::filesystem::path& s
 struct jsonl_index_open_options {
   /// Index file; empty = default_index_path(source).
   std::filesystem::path index_path;
-  /// Build the index (with `build`) when it is missing or stale instead of
-  /// throwing. A damaged index is still refused.
+  /// Build the index (with `build`) when it is missing, stale, or lacks the
+  /// length column `build` asks for, instead of throwing. A damaged index is
+  /// still refused.
   bool rebuild_if_stale = false;
   /// Options used when (re)building.
   jsonl_index_build_options build;
@@ -609,10 +611,11 @@ public:
       std::error_code ec;
       if (!std::filesystem::exists(ipath, ec)) build_jsonl_index(source, ipath, options.build);
       try {
-        return jsonl_index(source, ipath, options);
+        jsonl_index idx(source, ipath, options);
+        if (!options.build.length_column || idx.length_column_name() == options.build.length_column->name) return idx;
       } catch (const stale_index_error&) {
-        build_jsonl_index(source, ipath, options.build);
       }
+      build_jsonl_index(source, ipath, options.build); // stale, or lacks the wanted column
     }
     return jsonl_index(source, ipath, options);
   }

@@ -160,9 +160,10 @@ private:
 /// for billions of samples and for resuming anywhere. Not torch-compatible.
 class feistel {
 public:
-  /// Engine with `rounds` Feistel rounds (1 to 16; default 6).
+  /// Engine with `rounds` Feistel rounds (1 to 16; default 4, Luby-Rackoff's
+  /// count for a strong pseudorandom permutation).
   /// @throws dpkit::invalid_argument if rounds is 0 or > 16.
-  explicit feistel(unsigned rounds = 6) : rounds_(rounds) {
+  explicit feistel(unsigned rounds = 4) : rounds_(rounds) {
     if (rounds == 0 || rounds > max_rounds)
       throw invalid_argument("feistel: rounds " + std::to_string(rounds) + " not in [1, " + std::to_string(max_rounds) + "]");
   }
