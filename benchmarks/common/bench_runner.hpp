@@ -152,25 +152,36 @@ public:
     if (o_.check) expect_ = detail::allocate(o_.max_bytes);
 
     print_header();
+    // With several algorithms (-A all), every size is measured for all of
+    // them back to back, so each comparison is taken in the same machine
+    // state (a shared, noisy machine drifts over a long sweep); the tables
+    // are printed afterwards, one per algorithm, in nccl-tests' format. A
+    // single algorithm streams its rows as they are measured.
+    tables_state_.assign(algos_.size(), table_state{});
+    stream_ = algos_.size() == 1;
+    if (stream_ && out_) {
+      std::fprintf(out_, "# Algorithm: %s\n", std::string(algorithm_label(algos_[0])).c_str());
+      print_table_header(out_);
+    }
+    for (auto t : o_.types)
+      dpkit::visit_element_type(t, [&](auto zero) { run_type<decltype(zero)>(); });
     int failed = 0;
     std::vector<std::string> names;
-    for (auto a : algos_) {
-      const std::string an(algorithm_label(a));
+    for (std::size_t i = 0; i < algos_.size(); ++i) {
+      const std::string an(algorithm_label(algos_[i]));
       names.push_back(an);
-      if (out_) {
+      auto& st = tables_state_[i];
+      if (out_ && !stream_) {
         std::fprintf(out_, "# Algorithm: %s\n", an.c_str());
         print_table_header(out_);
+        for (const auto& row : st.rows) print_row(row);
       }
-      errors_ = 0;
-      bw_sum_ = 0;
-      bw_count_ = 0;
-      for (auto t : o_.types)
-        dpkit::visit_element_type(t, [&](auto zero) { run_type<decltype(zero)>(a, an); });
-      const auto errs = static_cast<int>(sum_i64(errors_));
+      const auto errs = static_cast<int>(sum_i64(st.errors));
       failed += errs;
-      const double avg = bw_count_ ? bw_sum_ / bw_count_ : 0.0;
+      const double avg = st.bw_count ? st.bw_sum / st.bw_count : 0.0;
       if (out_) print_footer(out_, errs, avg);
       tables_.push_back({an, {errs, avg}});
+      for (auto& row : st.rows) rows_.push_back(std::move(row));
     }
     if (out_) {
       print_summary(out_, rows_, names);
@@ -446,40 +457,72 @@ private:
     return h;
   }
 
+  struct table_state {
+    std::int64_t errors = 0;
+    double bw_sum = 0;
+    int bw_count = 0;
+    std::vector<row_result> rows;
+  };
+
+  void print_row(const row_result& row) {
+    print_row_preamble(out_, row);
+    print_half(out_, row.oop);
+    print_half(out_, row.ip);
+    std::fprintf(out_, "\n");
+  }
+
+  // bench() accumulates into errors_/bw_sum_/bw_count_: point them at table i.
+  template <class F>
+  auto with_table(std::size_t i, F&& f) {
+    auto& st = tables_state_[i];
+    errors_ = st.errors;
+    bw_sum_ = st.bw_sum;
+    bw_count_ = st.bw_count;
+    auto r = f();
+    st.errors = errors_;
+    st.bw_sum = bw_sum_;
+    st.bw_count = bw_count_;
+    return r;
+  }
+
   template <class T>
-  void run_type(dpkit::algorithm a, const std::string& an) {
+  void run_type() {
     const std::string tname(dpkit::element_type_name(dpkit::element_type_of_v<T>));
     for (auto op : o_.ops) {
       const std::string oname = reduces() ? std::string(dpkit::reduce_op_name(op)) : std::string("none");
       for (int root : roots_) {
         coll_counts c{};
         // Warm-up at the largest, then the smallest size (out of place), as nccl-tests.
-        for (std::size_t s : {sizes_.back(), sizes_.front()}) {
-          const auto x = make_args<T>(s, op, root, false, c);
-          for (int w = 0; w < o_.warmup; ++w) Coll::run(comm_, a, x);
-        }
-        for (std::size_t s : sizes_) {
-          const auto oop = make_args<T>(s, op, root, false, c);
-          const auto ip = make_args<T>(s, op, root, true, c);
-          row_result row;
-          row.algorithm = an;
-          row.bytes = std::max(c.send, c.recv) * sizeof(T);
-          row.count = c.param;
-          row.type = tname;
-          row.redop = oname;
-          row.root = root;
-          if (out_) {
-            print_row_preamble(out_, row);
-            std::fflush(out_);
+        for (auto a : algos_)
+          for (std::size_t s : {sizes_.back(), sizes_.front()}) {
+            const auto x = make_args<T>(s, op, root, false, c);
+            for (int w = 0; w < o_.warmup; ++w) Coll::run(comm_, a, x);
           }
-          row.oop = bench(a, oop, row.bytes, op);
-          if (out_) print_half(out_, row.oop);
-          row.ip = bench(a, ip, row.bytes, op);
-          if (out_) {
-            print_half(out_, row.ip);
-            std::fprintf(out_, "\n");
-            std::fflush(out_);
-            rows_.push_back(std::move(row));
+        for (std::size_t s : sizes_) {
+          for (std::size_t i = 0; i < algos_.size(); ++i) {
+            const auto a = algos_[i];
+            const auto oop = make_args<T>(s, op, root, false, c);
+            const auto ip = make_args<T>(s, op, root, true, c);
+            row_result row;
+            row.algorithm = std::string(algorithm_label(a));
+            row.bytes = std::max(c.send, c.recv) * sizeof(T);
+            row.count = c.param;
+            row.type = tname;
+            row.redop = oname;
+            row.root = root;
+            if (stream_ && out_) {
+              print_row_preamble(out_, row);
+              std::fflush(out_);
+            }
+            row.oop = with_table(i, [&] { return bench(a, oop, row.bytes, op); });
+            if (stream_ && out_) print_half(out_, row.oop);
+            row.ip = with_table(i, [&] { return bench(a, ip, row.bytes, op); });
+            if (stream_ && out_) {
+              print_half(out_, row.ip);
+              std::fprintf(out_, "\n");
+              std::fflush(out_);
+            }
+            if (out_) tables_state_[i].rows.push_back(std::move(row));
           }
         }
       }
@@ -532,6 +575,8 @@ private:
   int bw_count_ = 0;
   std::vector<row_result> rows_;
   std::vector<std::pair<std::string, std::pair<int, double>>> tables_;
+  std::vector<table_state> tables_state_;
+  bool stream_ = true;
 };
 
 /// Runs n ranks as threads over the inproc transport. Returns the exit code.

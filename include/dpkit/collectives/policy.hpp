@@ -48,9 +48,9 @@ inline algorithm parse_algorithm(std::string_view s) {
 /// from allreduce_perf runs on the reference machine (docs/tuning.md).
 struct allreduce_policy {
   algorithm algo = algorithm::automatic;
-  std::size_t tree_max_bytes = 32u << 10;             ///< bytes; tree below this
-  int tree_min_world = 16;                            ///< world size from which...
-  std::size_t tree_max_bytes_large_world = 256u << 10; ///< ...tree is used below this many bytes
+  std::size_t tree_max_bytes = 4u << 10;              ///< bytes; tree below this
+  int tree_min_world = 4;                             ///< world size from which...
+  std::size_t tree_max_bytes_large_world = 64u << 10; ///< ...tree is used below this many bytes
   friend bool operator==(const allreduce_policy&, const allreduce_policy&) = default;
 
   /// The concrete algorithm for a message of `bytes` bytes on `world_size` ranks.
