@@ -72,16 +72,9 @@ template <transport C, tensor Tn>
 void allgather_ring(C& comm, Tn&& t, const collective_options& o = {}) {
   using T = tensor_value_t<Tn>;
   const auto ctx = detail::make_context(comm, "allgather_ring");
-  const std::size_t total = size_of(t), n = static_cast<std::size_t>(ctx.size);
-  if (total % n != 0)
-    ctx.invalid("tensor has " + std::to_string(total) + " elements, not a multiple of the world size " +
-                std::to_string(n));
-  detail::static_check_space<C, Tn>();
-  detail::check_space(comm, ctx, space_of(t), "tensor");
-  auto s = as_span(t);
-  const std::size_t count = total / n;
-  detail::allgather_ring_raw<C, T>(comm, ctx, s.data() + static_cast<std::size_t>(ctx.rank) * count, s.data(), count,
-                                   o, detail::make_local<C, T>(comm, ctx, space_of(t)));
+  const auto [p, count] = detail::resolve_chunked_inplace(comm, ctx, t);
+  detail::allgather_ring_raw<C, T>(comm, ctx, p + static_cast<std::size_t>(ctx.rank) * count, p, count, o,
+                                   detail::make_local<C, T>(comm, ctx, space_of(t)));
 }
 
 } // namespace dpkit

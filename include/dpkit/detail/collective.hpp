@@ -219,4 +219,17 @@ auto resolve_inout(const C& comm, const op_context& ctx, const In& in, Out& out,
   return std::pair<const T*, T*>{as_span(in).data(), os.data()};
 }
 
+/// For NCCL-style in-place reduce-scatter / all-gather: validates tensor t
+/// (count x n elements, a movable memory space) and returns (data, count).
+template <class C, tensor Tn>
+auto resolve_chunked_inplace(const C& comm, const op_context& ctx, Tn& t) {
+  const std::size_t total = size_of(t), n = static_cast<std::size_t>(ctx.size);
+  if (total % n != 0)
+    ctx.invalid("tensor has " + std::to_string(total) + " elements, not a multiple of the world size " +
+                std::to_string(n));
+  static_check_space<C, Tn>();
+  check_space(comm, ctx, space_of(t), "tensor");
+  return std::pair{as_span(t).data(), total / n};
+}
+
 } // namespace dpkit::detail

@@ -209,29 +209,17 @@ public:
   /// @throws dpkit::invalid_argument if peer is out of range; dpkit::error on MPI failure.
   mpi_request isend(std::span<const std::byte> data, int peer, int tag) {
     check_peer(peer, "isend");
-    MPI_Request first = MPI_REQUEST_NULL;
-    std::vector<MPI_Request> more;
-    for_pieces(data.size(), [&](std::size_t off, int n) {
-      MPI_Request r;
-      detail::mpi_check(MPI_Isend(data.data() + off, n, MPI_BYTE, peer, tag, comm_, &r), "MPI_Isend", rank_);
-      if (off == 0) first = r;
-      else more.push_back(r);
+    return start(data.size(), peer, tag, true, [&](std::size_t off, int n, MPI_Request* r) {
+      detail::mpi_check(MPI_Isend(data.data() + off, n, MPI_BYTE, peer, tag, comm_, r), "MPI_Isend", rank_);
     });
-    return mpi_request(first, std::move(more), rank_, peer, tag, true);
   }
   /// MPI_Irecv of exactly data.size() bytes from `peer` with `tag`.
   /// @throws dpkit::invalid_argument if peer is out of range; dpkit::error on MPI failure.
   mpi_request irecv(std::span<std::byte> data, int peer, int tag) {
     check_peer(peer, "irecv");
-    MPI_Request first = MPI_REQUEST_NULL;
-    std::vector<MPI_Request> more;
-    for_pieces(data.size(), [&](std::size_t off, int n) {
-      MPI_Request r;
-      detail::mpi_check(MPI_Irecv(data.data() + off, n, MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv", rank_);
-      if (off == 0) first = r;
-      else more.push_back(r);
+    return start(data.size(), peer, tag, false, [&](std::size_t off, int n, MPI_Request* r) {
+      detail::mpi_check(MPI_Irecv(data.data() + off, n, MPI_BYTE, peer, tag, comm_, r), "MPI_Irecv", rank_);
     });
-    return mpi_request(first, std::move(more), rank_, peer, tag, false);
   }
 
   /// The communication thread running *_async collectives in order.
@@ -318,6 +306,19 @@ private:
     if (count > static_cast<std::size_t>(INT_MAX))
       throw invalid_argument(std::string(call) + ": rank " + std::to_string(rank_) + ": count " +
                              std::to_string(count) + " exceeds INT_MAX");
+  }
+  // Posts one request per <= 1 GiB piece via post(offset, bytes, &request).
+  template <class Post>
+  mpi_request start(std::size_t bytes, int peer, int tag, bool is_send, Post&& post) {
+    MPI_Request first = MPI_REQUEST_NULL;
+    std::vector<MPI_Request> more;
+    for_pieces(bytes, [&](std::size_t off, int n) {
+      MPI_Request r;
+      post(off, n, &r);
+      if (off == 0) first = r;
+      else more.push_back(r);
+    });
+    return mpi_request(first, std::move(more), rank_, peer, tag, is_send);
   }
   template <class F>
   static void for_pieces(std::size_t bytes, F&& f) {
