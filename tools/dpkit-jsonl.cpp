@@ -66,6 +66,10 @@ int main(int argc, char** argv) {
   index->add_option("--threads", threads, "build threads (0 = all cores)");
   index->add_flag("--skip-blank", skip_blank, "leave blank lines out of the index");
   index->add_option("--missing-default", missing_default, "value for lines without --field (default: error)");
+  bool skip_missing = false;
+  index->add_flag("--skip-missing", skip_missing,
+                  "keep lines without --field with no length; token-budget batches leave them out")
+      ->excludes("--missing-default");
   index->add_option("--index", index_path, "index path (default FILE.idx)");
 
   auto* verify = app.add_subcommand("verify", "check FILE's index against FILE (offsets, counts, length column)");
@@ -112,6 +116,8 @@ int main(int argc, char** argv) {
         if (missing_default) {
           jo.missing = dpkit::missing_field_policy::default_value;
           jo.default_value = *missing_default;
+        } else if (skip_missing) {
+          jo.missing = dpkit::missing_field_policy::skip;
         }
         o.length_column = dpkit::json_length_column(field, jo);
       }

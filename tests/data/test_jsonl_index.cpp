@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <map>
@@ -365,6 +366,7 @@ TEST_CASE("jsonl_length_column: invalid JSON / missing field name the line; defa
   expect_line_error("{\"num_tokens\": -4}\n", "line 1:", one);
   expect_line_error("{\"num_tokens\": 1.5}\n", "line 1:", one);
   expect_line_error("{\"num_tokens\": 4294967296}\n", "line 1:", one);
+  expect_line_error("{\"num_tokens\": 4294967295}\n", "line 1:", one); // reserved: dpkit::missing_length
   expect_line_error("[1, 2]\n", "line 1:", one);
   expect_line_error("{\"num_tokens\": 1, \"x\": [}\n", "line 1:", one);
   {
@@ -384,6 +386,32 @@ TEST_CASE("jsonl_length_column: invalid JSON / missing field name the line; defa
   REQUIRE(idx.size() == 2);
   CHECK(idx.lengths()[0] == 5);
   CHECK(idx.lengths()[1] == 42);
+  {
+    // skip: the line stays (line numbers = file lines) with no length, and
+    // the token-budget sampler leaves it out
+    data_test::write_file(src, "{\"num_tokens\": 5}\n{\"other\": 2}\n{\"num_tokens\": 7}\n");
+    dpkit::jsonl_index_build_options so;
+    so.length_column = dpkit::json_length_column("num_tokens", {dpkit::missing_field_policy::skip, 0});
+    dpkit::build_jsonl_index(src, so);
+    const auto sidx = dpkit::jsonl_index::open(src);
+    REQUIRE(sidx.size() == 3);
+    CHECK(sidx.lengths()[0] == 5);
+    CHECK(sidx.lengths()[1] == dpkit::missing_length);
+    CHECK(sidx.lengths()[2] == 7);
+    const std::vector<std::uint32_t> lens(sidx.lengths().begin(), sidx.lengths().end());
+    dpkit::token_budget_options to;
+    to.max_tokens = 100;
+    for (auto policy : {dpkit::oversize_policy::skip, dpkit::oversize_policy::truncate}) {
+      to.oversize = policy;
+      const dpkit::token_budget_batch_sampler tb(lens, 1, 0, to);
+      std::vector<std::uint64_t> got;
+      for (std::uint64_t b = 0; b < tb.total_batches(); ++b)
+        for (auto i : tb.plan_batch(b)) got.push_back(i);
+      std::sort(got.begin(), got.end());
+      CHECK(got == std::vector<std::uint64_t>{0, 2});
+      CHECK(tb.skipped() == 1);
+    }
+  }
   dpkit::jsonl_index_build_options long_name;
   long_name.length_column = dpkit::json_length_column("this_name_is_too_long");
   CHECK_THROWS_AS(dpkit::build_jsonl_index(src, long_name), dpkit::invalid_argument);

@@ -6,6 +6,7 @@
 
 #include <dpkit/core/errors.hpp>
 #include <dpkit/data/jsonl_index.hpp>
+#include <dpkit/data/lengths.hpp>
 
 #include <simdjson.h>
 
@@ -25,6 +26,8 @@ namespace dpkit {
 enum class missing_field_policy {
   error,         ///< Reject the line: dpkit::format_error naming the line (default).
   default_value, ///< Use json_length_column_options::default_value.
+  skip,          ///< Keep the line (line numbers stay file line numbers) with length
+                 ///< dpkit::missing_length; token_budget_batch_sampler leaves it out.
 };
 
 /// Options of json_length_column.
@@ -41,7 +44,7 @@ struct json_length_column_options {
 /// buffer first (the mapping has no SIMDJSON_PADDING after the line).
 ///
 /// A line that is not valid JSON, not an object, whose field is not an integer
-/// in [0, 2^32), or (with missing_field_policy::error) lacks the field, makes
+/// in [0, 2^32 - 1), or (with missing_field_policy::error) lacks the field, makes
 /// build_jsonl_index throw dpkit::format_error naming the file and the 1-based
 /// line number.
 /// @param field the JSON key, at most 15 bytes (it is also the column's name).
@@ -66,13 +69,15 @@ inline length_column_spec json_length_column(std::string field, json_length_colu
       simdjson::dom::element value;
       if (obj.at_key(field).get(value)) {
         if (options.missing == missing_field_policy::default_value) return options.default_value;
+        if (options.missing == missing_field_policy::skip) return missing_length;
         throw format_error("no field \"" + field + "\"");
       }
       std::uint64_t v = 0;
       if (value.get_uint64().get(v))
         throw format_error("field \"" + field + "\" is not an unsigned integer: " + simdjson::to_string(value));
-      if (v > std::numeric_limits<std::uint32_t>::max())
-        throw format_error("field \"" + field + "\" = " + std::to_string(v) + " does not fit in u32");
+      if (v >= missing_length)
+        throw format_error("field \"" + field + "\" = " + std::to_string(v) +
+                           " does not fit in u32 (0xFFFFFFFF is reserved for a missing length)");
       return static_cast<std::uint32_t>(v);
     };
   };

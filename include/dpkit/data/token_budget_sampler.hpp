@@ -6,6 +6,7 @@
 
 #include <dpkit/core/errors.hpp>
 #include <dpkit/data/distributed_sampler.hpp>
+#include <dpkit/data/lengths.hpp>
 #include <dpkit/data/permutation.hpp>
 
 #include <algorithm>
@@ -162,7 +163,8 @@ public:
   [[nodiscard]] std::uint64_t total_batches() const noexcept { return offsets_.size() - 1; }
   /// Samples kept this epoch (each appears in exactly one plan batch).
   [[nodiscard]] std::uint64_t kept_samples() const noexcept { return offsets_.back(); }
-  /// Samples skipped as over the limit this epoch.
+  /// Samples skipped this epoch: over the limit (oversize_policy::skip), or
+  /// with length dpkit::missing_length (under every policy).
   [[nodiscard]] std::uint64_t skipped() const noexcept { return skipped_; }
   /// Samples kept but over the limit (oversize_policy::truncate) this epoch.
   [[nodiscard]] std::uint64_t truncated() const noexcept { return truncated_; }
@@ -259,6 +261,10 @@ private:
       eff_.clear();
       for (const auto& [len, idx] : buf) {
         std::uint64_t l = len;
+        if (len == missing_length) { // no length (missing_field_policy::skip): always left out
+          ++skipped_;
+          continue;
+        }
         if (l > limit) {
           if (opt_.oversize == oversize_policy::skip) {
             ++skipped_;
