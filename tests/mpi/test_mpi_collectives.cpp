@@ -107,7 +107,7 @@ TEST_CASE_TEMPLATE("mpi allreduce: every algorithm and op equals the sequential 
         CHECK(identical_on_all_ranks(out));
         // in place gives the same bytes
         dpkit::allreduce(comm, in, op, {algo}, o);
-        CHECK(std::memcmp(in.data(), out.data(), count * sizeof(T)) == 0);
+        CHECK((count == 0 || std::memcmp(in.data(), out.data(), count * sizeof(T)) == 0));
       }
 }
 
