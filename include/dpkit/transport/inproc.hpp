@@ -253,13 +253,16 @@ public:
       if (e) std::rethrow_exception(e);
   }
 
-private:
-  friend class inproc;
+  /// Moves n bytes of a message payload (std::memcpy, or device_ops::copy
+  /// when the world was given device primitives).
   void copy(void* dst, const void* src, std::size_t n) const {
     if (n == 0) return;
     if (ops_) ops_->copy(dst, src, n, ops_->ctx);
     else std::memcpy(dst, src, n);
   }
+
+private:
+  friend class inproc;
   detail::inproc_mailbox& box(int r) { return boxes_[static_cast<std::size_t>(r)]; }
 
   int size_;
@@ -297,28 +300,40 @@ inline void inproc_complete(inproc_world& w, void (*copy)(inproc_world&, void*, 
 }
 } // namespace detail
 
+namespace detail {
+// Posts `mine` into `box`: if the opposite queue (`others`) holds a match for
+// (peer, tag) in posting order, take it and complete the pair outside the
+// lock; otherwise append `mine` to its own queue (`own`).
+inline void inproc_post(inproc_world& w, inproc_mailbox& box, std::list<inproc_entry>& others,
+                        std::list<inproc_entry>& own, inproc_entry mine, int match_peer, bool mine_is_send, int src,
+                        int dst) {
+  std::unique_lock lk(box.mu);
+  for (auto it = others.begin(); it != others.end(); ++it) {
+    if (it->peer == match_peer && it->tag == mine.tag) {
+      inproc_entry other = std::move(*it);
+      others.erase(it);
+      {
+        std::lock_guard a(other.op->mu);
+        other.op->status = inproc_op::copying;
+      }
+      mine.op->status = inproc_op::copying;
+      lk.unlock();
+      inproc_complete(w, [](inproc_world& ww, void* d, const void* s, std::size_t n) { ww.copy(d, s, n); },
+                      mine_is_send ? mine : other, mine_is_send ? other : mine, src, dst);
+      return;
+    }
+  }
+  own.push_back(std::move(mine));
+}
+} // namespace detail
+
 inline inproc_request inproc::isend(std::span<const std::byte> data, int peer, int tag) {
   check_peer(peer, "isend");
   auto op = std::make_shared<detail::inproc_op>();
   auto& box = world_->box(peer);
-  detail::inproc_entry mine{rank_, tag, nullptr, data.data(), data.size(), op};
-  std::unique_lock lk(box.mu);
-  for (auto it = box.recvs.begin(); it != box.recvs.end(); ++it) {
-    if (it->peer == rank_ && it->tag == tag) {
-      detail::inproc_entry recv = std::move(*it);
-      box.recvs.erase(it);
-      {
-        std::lock_guard a(recv.op->mu);
-        recv.op->status = detail::inproc_op::copying;
-      }
-      op->status = detail::inproc_op::copying;
-      lk.unlock();
-      detail::inproc_complete(*world_, [](inproc_world& w, void* d, const void* s, std::size_t n) { w.copy(d, s, n); },
-                              mine, recv, rank_, peer);
-      return inproc_request(op, &box, rank_, peer, tag, true);
-    }
-  }
-  box.sends.push_back(std::move(mine));
+  // In the receiver's box: match a receive posted for (this rank, tag).
+  detail::inproc_post(*world_, box, box.recvs, box.sends, {rank_, tag, nullptr, data.data(), data.size(), op}, rank_,
+                      true, rank_, peer);
   return inproc_request(op, &box, rank_, peer, tag, true);
 }
 
@@ -326,24 +341,9 @@ inline inproc_request inproc::irecv(std::span<std::byte> data, int peer, int tag
   check_peer(peer, "irecv");
   auto op = std::make_shared<detail::inproc_op>();
   auto& box = world_->box(rank_);
-  detail::inproc_entry mine{peer, tag, data.data(), nullptr, data.size(), op};
-  std::unique_lock lk(box.mu);
-  for (auto it = box.sends.begin(); it != box.sends.end(); ++it) {
-    if (it->peer == peer && it->tag == tag) {
-      detail::inproc_entry send = std::move(*it);
-      box.sends.erase(it);
-      {
-        std::lock_guard a(send.op->mu);
-        send.op->status = detail::inproc_op::copying;
-      }
-      op->status = detail::inproc_op::copying;
-      lk.unlock();
-      detail::inproc_complete(*world_, [](inproc_world& w, void* d, const void* s, std::size_t n) { w.copy(d, s, n); },
-                              send, mine, peer, rank_);
-      return inproc_request(op, &box, rank_, peer, tag, false);
-    }
-  }
-  box.recvs.push_back(std::move(mine));
+  // In this rank's box: match a send queued from (peer, tag).
+  detail::inproc_post(*world_, box, box.sends, box.recvs, {peer, tag, data.data(), nullptr, data.size(), op}, peer,
+                      false, peer, rank_);
   return inproc_request(op, &box, rank_, peer, tag, false);
 }
 
