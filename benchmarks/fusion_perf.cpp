@@ -168,6 +168,18 @@ int run(C& comm, const config& cfg, const char* transport_name) {
 
   const double ns = cfg.ns_per_param;
   const bool spin = cfg.compute_mode == "spin";
+  // Backward from s0: parameter i's gradient is ready after compute time
+  // proportional to the parameters of layers n-1..i (ns per parameter).
+  auto simulated_backward = [&](clk::time_point s0, auto&& ready) {
+    double acc = 0;
+    for (std::size_t i = n; i-- > 0;) {
+      acc += ns * static_cast<double>(spec.params[i].numel);
+      const auto until = s0 + std::chrono::nanoseconds(static_cast<long long>(acc));
+      if (spin) while (clk::now() < until) {}
+      else std::this_thread::sleep_until(until);
+      ready(i);
+    }
+  };
   for (double cap_mib : cfg.caps) {
     dpkit::reducer_options opt;
     opt.algorithm = pol;
@@ -186,17 +198,10 @@ int run(C& comm, const config& cfg, const char* transport_name) {
         for (std::size_t i = n; i-- > 0;) red.mark_ready(i);
         red.finish();
         const auto t1 = clk::now();
-        // with simulated compute
+        // with simulated compute: gradients become ready in reverse order
         dpkit::barrier(comm);
         const auto s0 = clk::now();
-        double acc = 0;
-        for (std::size_t i = n; i-- > 0;) {
-          acc += ns * static_cast<double>(spec.params[i].numel);
-          const auto until = s0 + std::chrono::nanoseconds(static_cast<long long>(acc));
-          if (spin) while (clk::now() < until) {}
-          else std::this_thread::sleep_until(until);
-          red.mark_ready(i);
-        }
+        simulated_backward(s0, [&](std::size_t i) { red.mark_ready(i); });
         const auto s1 = clk::now();
         red.finish();
         const auto s2 = clk::now();
@@ -224,16 +229,10 @@ int run(C& comm, const config& cfg, const char* transport_name) {
         for (std::size_t i = n; i-- > 0;) red.mark_ready(i);
         red.finish();
         const auto t1 = clk::now();
+        // with simulated compute: gradients become ready in reverse order
         dpkit::barrier(comm);
         const auto s0 = clk::now();
-        double acc = 0;
-        for (std::size_t i = n; i-- > 0;) {
-          acc += ns * static_cast<double>(spec.params[i].numel);
-          const auto until = s0 + std::chrono::nanoseconds(static_cast<long long>(acc));
-          if (spin) while (clk::now() < until) {}
-          else std::this_thread::sleep_until(until);
-          red.mark_ready(i);
-        }
+        simulated_backward(s0, [&](std::size_t i) { red.mark_ready(i); });
         const auto s1 = clk::now();
         red.finish();
         const auto s2 = clk::now();

@@ -6,9 +6,12 @@
 #include <dpkit/fusion/gradient_reducer.hpp>
 #include <dpkit/fusion/model_spec.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -96,6 +99,22 @@ inline long first_mismatch(const std::vector<typed_buffer>& a, const std::vector
   for (std::size_t i = 0; i < a.size(); ++i)
     if (!a[i].same_bytes(b[i])) return static_cast<long>(i);
   return -1;
+}
+
+// Small caps so the scaled-down models still span many buckets.
+inline dpkit::reducer_options small_opts() {
+  dpkit::reducer_options o;
+  o.buckets = {1024, 25 * 1024};
+  return o;
+}
+
+// A random permutation of 0..n-1 (a rank's local gradient-ready order).
+inline std::vector<std::size_t> random_order(std::size_t n, unsigned seed) {
+  std::vector<std::size_t> v(n);
+  std::iota(v.begin(), v.end(), std::size_t{0});
+  std::mt19937 g(seed);
+  std::shuffle(v.begin(), v.end(), g);
+  return v;
 }
 
 } // namespace fusion_test

@@ -20,20 +20,8 @@
 namespace ft = fusion_test;
 using dpkit::gradient_reducer;
 
-namespace {
-dpkit::reducer_options small_opts() {
-  dpkit::reducer_options o;
-  o.buckets = {1024, 25 * 1024};
-  return o;
-}
-std::vector<std::size_t> random_order(std::size_t n, unsigned seed) {
-  std::vector<std::size_t> v(n);
-  std::iota(v.begin(), v.end(), std::size_t{0});
-  std::mt19937 g(seed);
-  std::shuffle(v.begin(), v.end(), g);
-  return v;
-}
-} // namespace
+using fusion_test::random_order;
+using fusion_test::small_opts;
 
 TEST_CASE("mpi: reducer equals per-tensor all-reduce on the real models, random local orders, rebuild") {
   dpkit::mpi comm(MPI_COMM_WORLD);

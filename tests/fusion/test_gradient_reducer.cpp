@@ -23,23 +23,11 @@ using dpkit::gradient_reducer;
 using dpkit::inproc;
 using dpkit::param_info;
 namespace ft = fusion_test;
+using fusion_test::random_order;
+using fusion_test::small_opts;
 
 namespace {
 
-// Small caps so the scaled-down models still span many buckets.
-dpkit::reducer_options small_opts() {
-  dpkit::reducer_options o;
-  o.buckets = {1024, 25 * 1024};
-  return o;
-}
-
-std::vector<std::size_t> random_order(std::size_t n, unsigned seed) {
-  std::vector<std::size_t> v(n);
-  std::iota(v.begin(), v.end(), std::size_t{0});
-  std::mt19937 g(seed);
-  std::shuffle(v.begin(), v.end(), g);
-  return v;
-}
 
 // Collects per-rank failure messages from rank threads; checked on the main thread.
 struct failures {
