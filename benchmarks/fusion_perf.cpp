@@ -1,7 +1,7 @@
 // fusion_perf: what bucketed gradient fusion (dpkit::gradient_reducer) buys
 // over per-tensor all-reduces, for a real model's parameter list.
 //
-//   mpirun -np 2 build/benchmarks/fusion_perf --model ../shared/data/models/gpt2-124m.tsv
+//   mpirun -np 2 build/benchmarks/fusion_perf --model data/models/gpt2-124m.tsv
 //   build/benchmarks/fusion_perf -t 4 --model ...            # 4 threads as ranks (inproc)
 //
 // Per step (median over --iters after --warmup of the slowest rank's time):
@@ -44,7 +44,7 @@ namespace {
 using clk = std::chrono::steady_clock;
 
 struct config {
-  std::string model = "../shared/data/models/gpt2-124m.tsv";
+  std::string model = "data/models/gpt2-124m.tsv";
   int iters = 5;
   int warmup = 1;
   int threads = 0;

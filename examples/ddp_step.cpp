@@ -8,8 +8,8 @@
 // overlap the rest of backward. The result is checked against a plain
 // per-tensor all-reduce of the same gradients.
 //
-//   mpirun -np 2 build/examples/ddp_step ../shared/data/models/gpt2-124m.tsv
-//   build/examples/ddp_step ../shared/data/models/gpt2-124m.tsv -t 4     # 4 threads as ranks
+//   mpirun -np 2 build/examples/ddp_step data/models/gpt2-124m.tsv
+//   build/examples/ddp_step data/models/gpt2-124m.tsv -t 4     # 4 threads as ranks
 //
 // Options: -t N (inproc transport with N ranks instead of MPI), --steps S
 // (default 2; buckets are rebuilt from the observed order after step 0),

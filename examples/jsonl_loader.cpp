@@ -2,7 +2,7 @@
 // Opens (building if needed) the index of a JSONL file with its num_tokens
 // column, then iterates rank R's token-budget batches for two epochs.
 //
-//   build/examples/jsonl_loader ../shared/data/debian-descriptions.jsonl [world_size] [rank]
+//   build/examples/jsonl_loader build/data/debian-descriptions.jsonl [world_size] [rank]
 #include <dpkit/data.hpp>
 #if __has_include(<simdjson.h>)
 #include <dpkit/data/jsonl_length_column.hpp>

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Writes tests/data/vectors/debian_offsets.txt: the line offsets of
-../shared/data/debian-descriptions.jsonl as Python sees them (binary mode,
+the real corpus (data/debian-descriptions.jsonl.xz, decompressed) as Python sees them (binary mode,
 lines split at b'\\n'), plus the num_tokens column, for tests/data/test_jsonl_index.cpp.
 
-Usage (from the project root): /usr/bin/python3 scripts/gen_line_offsets.py
+Usage (from the project root, after a build):
+  /usr/bin/python3 scripts/gen_line_offsets.py [build/data/debian-descriptions.jsonl]
 """
 import json
 import os
 import sys
 
-SRC = os.path.join("..", "shared", "data", "debian-descriptions.jsonl")
+SRC = os.path.join("build", "data", "debian-descriptions.jsonl")
 OUT = os.path.join("tests", "data", "vectors", "debian_offsets.txt")
 M = 1 << 64
 

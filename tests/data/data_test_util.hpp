@@ -23,8 +23,12 @@ inline std::filesystem::path tmp_dir() {
   return p;
 }
 
-/// The real corpus, relative to the project root.
-inline std::filesystem::path corpus() { return std::filesystem::path("..") / "shared" / "data" / "debian-descriptions.jsonl"; }
+/// The real corpus (data/debian-descriptions.jsonl.xz, decompressed by the
+/// build): DPKIT_CORPUS as set by meson test, else build/data/ from the root.
+inline std::filesystem::path corpus() {
+  const char* env = std::getenv("DPKIT_CORPUS");
+  return env ? std::filesystem::path(env) : std::filesystem::path("build") / "data" / "debian-descriptions.jsonl";
+}
 
 /// Committed test vectors.
 inline std::filesystem::path vectors(const char* name) { return std::filesystem::path("tests") / "data" / "vectors" / name; }

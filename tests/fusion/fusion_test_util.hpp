@@ -18,7 +18,7 @@
 namespace fusion_test {
 
 // Model files relative to the test's working directory (the source root).
-inline std::string model_path(const std::string& name) { return "../shared/data/models/" + name + ".tsv"; }
+inline std::string model_path(const std::string& name) { return "data/models/" + name + ".tsv"; }
 
 // The model with every tensor's element count divided by `div`, rounded up.
 inline dpkit::model_spec scaled(dpkit::model_spec s, std::size_t div) {
