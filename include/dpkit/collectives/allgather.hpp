@@ -24,7 +24,8 @@ void allgather(C& comm, const In& in, Out&& out, algorithm a = algorithm::automa
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
   const std::size_t count = size_of(in);
   const auto [ip, outp] = detail::resolve_inout(comm, ctx, in, out, count * static_cast<std::size_t>(ctx.size));
-  detail::call_native(comm, ctx, [&](auto& c) { c.native_allgather(ip, outp, count, element_type_of_v<T>); });
+  detail::call_native(comm, ctx, detail::coll_kind::allgather, element_type_of_v<T>, count, std::nullopt, -1, o,
+                      [&](auto& c) { c.native_allgather(ip, outp, count, element_type_of_v<T>); });
 }
 
 /// In-place all-gather (NCCL's convention): t holds count x n elements and
@@ -38,7 +39,8 @@ void allgather(C& comm, Tn&& t, algorithm a = algorithm::automatic, const collec
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
   const auto [p, count] = detail::resolve_chunked_inplace(comm, ctx, t);
   const T* own = p + static_cast<std::size_t>(ctx.rank) * count;
-  detail::call_native(comm, ctx, [&](auto& c) { c.native_allgather(own, p, count, element_type_of_v<T>); });
+  detail::call_native(comm, ctx, detail::coll_kind::allgather, element_type_of_v<T>, count, std::nullopt, -1, o,
+                      [&](auto& c) { c.native_allgather(own, p, count, element_type_of_v<T>); });
 }
 
 } // namespace dpkit

@@ -26,7 +26,8 @@ void allreduce(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum, 
   case algorithm::native: {
     const auto ctx = detail::make_context(comm, "allreduce_native");
     const auto [ip, outp] = detail::resolve_inout(comm, ctx, in, out, size_of(in));
-    detail::call_native(comm, ctx, [&](auto& c) { c.native_allreduce(ip, outp, size_of(in), element_type_of_v<T>, op); });
+    detail::call_native(comm, ctx, detail::coll_kind::allreduce, element_type_of_v<T>, size_of(in), op, -1, o,
+                        [&](auto& c) { c.native_allreduce(ip, outp, size_of(in), element_type_of_v<T>, op); });
     return;
   }
   case algorithm::ring:

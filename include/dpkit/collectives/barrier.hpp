@@ -14,13 +14,13 @@ namespace dpkit {
 template <transport C>
 void barrier(C& comm, const collective_options& o = {}) {
   const auto ctx = detail::make_context(comm, "barrier");
-  const deadline dl = deadline_after(o.timeout);
   const int n = ctx.size, r = ctx.rank;
+  detail::collective_scope<C> S(comm, ctx, detail::coll_kind::barrier, "dissem", element_type::u8, 0, std::nullopt, -1, o);
   for (int k = 1; k < n; k <<= 1) {
-    auto rq = comm.irecv(std::span<std::byte>{}, detail::mod(r - k, n), detail::tag_of(o, detail::tag_offset::barrier));
-    auto sq = comm.isend(std::span<const std::byte>{}, detail::mod(r + k, n), detail::tag_of(o, detail::tag_offset::barrier));
-    detail::wait_ctx(rq, dl, ctx);
-    detail::wait_ctx(sq, dl, ctx);
+    auto rq = comm.irecv(std::span<std::byte>{}, detail::mod(r - k, n), S.tag(detail::tag_offset::barrier));
+    auto sq = comm.isend(std::span<const std::byte>{}, detail::mod(r + k, n), S.tag(detail::tag_offset::barrier));
+    S.wait(rq);
+    S.wait(sq);
   }
 }
 
@@ -33,7 +33,8 @@ void barrier(C& comm, algorithm a, const collective_options& o = {}) {
   if (a == algorithm::automatic) return barrier(comm, o);
   const auto ctx = detail::make_context(comm, "barrier_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
-  detail::call_native(comm, ctx, [](auto& c) { c.native_barrier(); });
+  detail::call_native(comm, ctx, detail::coll_kind::barrier, element_type::u8, 0, std::nullopt, -1, o,
+                      [](auto& c) { c.native_barrier(); });
 }
 
 } // namespace dpkit

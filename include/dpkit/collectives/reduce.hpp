@@ -25,7 +25,8 @@ void reduce(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum, int
   const auto ctx = detail::make_context(comm, "reduce_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
   const auto [ip, outp] = detail::resolve_reduce(comm, ctx, in, out, root);
-  detail::call_native(comm, ctx, [&](auto& c) { c.native_reduce(ip, outp, size_of(in), element_type_of_v<T>, op, root); });
+  detail::call_native(comm, ctx, detail::coll_kind::reduce, element_type_of_v<T>, size_of(in), op, root, o,
+                      [&](auto& c) { c.native_reduce(ip, outp, size_of(in), element_type_of_v<T>, op, root); });
 }
 
 /// In-place reduce: on root t becomes the reduction; elsewhere t is only read.

@@ -30,7 +30,8 @@ void reduce_scatter(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::
     ctx.invalid("input has " + std::to_string(total) + " elements, not a multiple of the world size " +
                 std::to_string(n));
   const auto [ip, outp] = detail::resolve_inout(comm, ctx, in, out, total / n);
-  detail::call_native(comm, ctx, [&](auto& c) { c.native_reduce_scatter(ip, outp, total / n, element_type_of_v<T>, op); });
+  detail::call_native(comm, ctx, detail::coll_kind::reduce_scatter, element_type_of_v<T>, total / n, op, -1, o,
+                      [&](auto& c) { c.native_reduce_scatter(ip, outp, total / n, element_type_of_v<T>, op); });
 }
 
 /// In-place reduce-scatter (NCCL's convention): t holds count x n elements;
@@ -45,7 +46,8 @@ void reduce_scatter(C& comm, Tn&& t, reduce_op op = reduce_op::sum, algorithm a 
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
   const auto [p, count] = detail::resolve_chunked_inplace(comm, ctx, t);
   T* own = p + static_cast<std::size_t>(ctx.rank) * count;
-  detail::call_native(comm, ctx, [&](auto& c) { c.native_reduce_scatter(p, own, count, element_type_of_v<T>, op); });
+  detail::call_native(comm, ctx, detail::coll_kind::reduce_scatter, element_type_of_v<T>, count, op, -1, o,
+                      [&](auto& c) { c.native_reduce_scatter(p, own, count, element_type_of_v<T>, op); });
 }
 
 } // namespace dpkit

@@ -36,6 +36,34 @@ public:
   using error::error;
 };
 
+/// Ranks disagree about the collective they run: a different operation,
+/// algorithm, element type, count, reduce op or root at the same sequence
+/// number. The message names both sides, e.g. "rank 0 runs allreduce(float,
+/// 1000, sum, ring, seq 17); rank 1 runs allreduce(float, 2000, sum, ring, seq
+/// 17)". Thrown instead of a silently wrong result; the transport is failed
+/// afterwards (docs/reliability.md). Derives dpkit::error.
+class mismatch_error : public error {
+public:
+  using error::error;
+};
+
+/// A transport was used after a collective on it failed (timeout, mismatch,
+/// peer failure, transport error). The message names the first failure (rank,
+/// operation, sequence number). Recovery: a new transport (a fresh dpkit::mpi
+/// over the same MPI communicator, a new inproc_world). Derives dpkit::error.
+class communicator_error : public error {
+public:
+  using error::error;
+};
+
+/// Another rank failed (threw, returned early, or reported a fault), so this
+/// rank's collective cannot complete. The message names that rank and its
+/// cause. Derives dpkit::error.
+class peer_error : public error {
+public:
+  using error::error;
+};
+
 /// A file is malformed, damaged, from another version, or stale relative to the
 /// file it describes (e.g. a JSONL index whose source changed). The message
 /// names the file and what differs. Derives dpkit::error.

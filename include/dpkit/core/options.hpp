@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <ostream>
+#include <string>
 
 namespace dpkit {
 
@@ -13,9 +15,45 @@ using clock = std::chrono::steady_clock;
 /// An absolute point in time after which a wait throws dpkit::timeout_error.
 using deadline = clock::time_point;
 
-/// Default timeout of a collective: 30 minutes, torch.distributed's
+/// Built-in default timeout of a collective: 30 minutes, torch.distributed's
 /// default_pg_timeout.
 inline constexpr std::chrono::milliseconds default_timeout{30 * 60 * 1000};
+
+namespace detail {
+/// Parses a timeout in seconds (decimal, > 0, e.g. "30" or "0.5"); returns
+/// `fallback` for null, empty, non-numeric or non-positive text.
+inline std::chrono::milliseconds parse_timeout_seconds(const char* s, std::chrono::milliseconds fallback) {
+  if (!s || !*s) return fallback;
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  if (end == s || *end != '\0' || !(v > 0) || v > 1e9) return fallback;
+  return std::chrono::milliseconds(static_cast<long long>(v * 1000.0 + 0.5));
+}
+inline bool parse_flag(const char* s, bool fallback) {
+  if (!s || !*s) return fallback;
+  const std::string v(s);
+  if (v == "1" || v == "true" || v == "on" || v == "yes") return true;
+  if (v == "0" || v == "false" || v == "off" || v == "no") return false;
+  return fallback;
+}
+} // namespace detail
+
+/// The default deadline of every collective: the environment variable
+/// DPKIT_TIMEOUT (seconds, like NCCL_TIMEOUT / torch's `timeout`; e.g.
+/// DPKIT_TIMEOUT=30), else default_timeout (30 min). Read once per process, at
+/// the first call (the environment is process-wide state).
+inline std::chrono::milliseconds env_default_timeout() {
+  static const std::chrono::milliseconds v = detail::parse_timeout_seconds(std::getenv("DPKIT_TIMEOUT"), default_timeout);
+  return v;
+}
+
+/// Full checking (collective_options::check): DPKIT_CHECK=1 turns it on
+/// (default off: it costs one small all-gather per checked call, about
+/// doubling the latency of an 8-byte native all-reduce). Read once per process.
+inline bool env_check() {
+  static const bool v = detail::parse_flag(std::getenv("DPKIT_CHECK"), false);
+  return v;
+}
 
 /// Options every collective takes (a regular aggregate).
 struct collective_options {
@@ -27,18 +65,39 @@ struct collective_options {
   /// Segments in flight per peer (receive scratch slots). >= 1.
   int pipeline_depth = 2;
   /// Wall-clock limit of the whole collective; past it, waiting ranks throw
-  /// dpkit::timeout_error naming the rank and the operation.
-  std::chrono::milliseconds timeout = default_timeout;
-  /// Message tag base; collectives use tags [tag, tag + 8). Concurrent
-  /// collectives on one transport need distinct tags.
+  /// dpkit::timeout_error naming the rank, the operation, its sequence number,
+  /// the peer waited on and the bytes done. Default: env_default_timeout()
+  /// (DPKIT_TIMEOUT seconds, else 30 minutes).
+  std::chrono::milliseconds timeout = env_default_timeout();
+  /// Stream of the collective. Collectives with the same tag on one transport
+  /// must be called in the same order on every rank (they are numbered in that
+  /// order, and the number is checked); concurrent collectives on one
+  /// transport need distinct tags. On transports without checking (user
+  /// transports, NCCL) messages use tags [tag, tag + 8). Tags 0-7 are
+  /// reserved.
   int tag = 0x6470; // "dp"
+  /// Full checking: calls whose mismatch the message tags cannot reveal
+  /// first agree on a fingerprint across ranks (one extra small all-gather on
+  /// transports that offer it: dpkit::mpi), so they throw
+  /// dpkit::mismatch_error instead of corrupting or hanging: native
+  /// collectives (MPI matches them by order alone) and the rooted tree
+  /// collectives (a broadcast whose ranks name different roots only sends).
+  /// Default: env_check() (DPKIT_CHECK). dpkit's algorithms check everything
+  /// else always, at no extra message (docs/reliability.md).
+  bool check = env_check();
+  /// Native collectives run as non-blocking MPI collectives waited against
+  /// the deadline (true, the default), or as the blocking call (false: no
+  /// deadline, but Open MPI's fastest blocking algorithms, coll/tuned or
+  /// coll/sm; benchmarks use it to measure MPI_Allreduce itself).
+  bool native_deadline = true;
   friend bool operator==(const collective_options&, const collective_options&) = default;
 };
 
-/// Prints "segment_bytes=... pipeline_depth=... timeout_ms=... tag=...".
+/// Prints "segment_bytes=... pipeline_depth=... timeout_ms=... tag=... check=... native_deadline=...".
 inline std::ostream& operator<<(std::ostream& os, const collective_options& o) {
   return os << "segment_bytes=" << o.segment_bytes << " pipeline_depth=" << o.pipeline_depth
-            << " timeout_ms=" << o.timeout.count() << " tag=" << o.tag;
+            << " timeout_ms=" << o.timeout.count() << " tag=" << o.tag << " check=" << o.check
+            << " native_deadline=" << o.native_deadline;
 }
 
 /// The deadline of a collective started now with options o.

@@ -59,12 +59,46 @@ inline std::ostream& operator<<(std::ostream& os, memory_space s) { return os <<
 template <class T>
 struct tensor_traits {};
 
+namespace detail {
+/// True for types that declare a compile-time element stride other than 1
+/// (Eigen expressions' InnerStrideAtCompileTime, e.g. a row of a fixed-size
+/// column-major matrix): such a view is not contiguous, so it is no tensor.
+template <class T>
+constexpr bool statically_strided() {
+  if constexpr (requires { T::InnerStrideAtCompileTime; })
+    return T::InnerStrideAtCompileTime != 1 && T::InnerStrideAtCompileTime != -1; // -1: Eigen::Dynamic
+  else return false;
+}
+/// Runtime contiguity of views that describe their layout: Eigen-style
+/// innerStride()/outerStride() (a vector's elements must be adjacent, a
+/// matrix's columns or rows back to back) or an is_contiguous() member (as
+/// at::Tensor). Types without such members are contiguous by the concept.
+template <class T>
+bool runtime_contiguous(const T& t) {
+  if constexpr (requires { t.is_contiguous(); }) {
+    if (!t.is_contiguous()) return false;
+  }
+  if constexpr (requires { t.innerStride(); t.outerStride(); t.innerSize(); t.outerSize(); }) {
+    if (t.size() > 1 && t.innerStride() != 1 && t.innerSize() > 1) return false;
+    if (t.outerSize() > 1 && t.innerSize() > 0 && t.outerStride() != t.innerSize()) return false;
+  } else if constexpr (requires { t.innerStride(); }) {
+    if (t.size() > 1 && t.innerStride() != 1) return false;
+  }
+  return true;
+}
+} // namespace detail
+
 /// Default traits for contiguous containers/views with data() and size().
+/// Views that declare a compile-time stride other than 1 are excluded (not a
+/// tensor: a compile error at the call); views whose stride is a runtime
+/// property are checked by dpkit::as_span and the collectives
+/// (dpkit::invalid_argument), never reduced element by element as if
+/// contiguous.
 template <class T>
   requires requires(T& t) {
     { t.data() } -> std::convertible_to<const volatile void*>;
     { t.size() } -> std::convertible_to<std::size_t>;
-  } && is_element_v<std::remove_pointer_t<decltype(std::declval<T&>().data())>>
+  } && is_element_v<std::remove_pointer_t<decltype(std::declval<T&>().data())>> && (!detail::statically_strided<T>())
 struct tensor_traits<T> {
   using value_type = std::remove_pointer_t<decltype(std::declval<T&>().data())>;
   static constexpr memory_space memory = memory_space::host;
@@ -137,10 +171,14 @@ std::size_t size_of(const T& t) {
 /// only a non-const reference give span<const E> for a const tensor. The
 /// span's memory is in space_of(t); do not dereference a device span on the
 /// host.
+/// @throws dpkit::invalid_argument if t describes a non-contiguous layout
+/// (a strided view: Eigen innerStride/outerStride, is_contiguous() false).
 template <tensor T>
 auto as_span(T&& t) {
   using Tr = detail::traits_of<T>;
   using R = std::remove_reference_t<T>;
+  if (!detail::runtime_contiguous(t))
+    throw invalid_argument("dpkit: tensor is a strided (non-contiguous) view; pass a contiguous copy");
   const std::size_t n = static_cast<std::size_t>(Tr::size(t));
   if constexpr (requires(R& r) { Tr::data(r); }) {
     auto* p = Tr::data(t);

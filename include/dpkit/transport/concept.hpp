@@ -16,11 +16,13 @@
 #include "../core/reduce_op.hpp"
 #include "../core/tensor.hpp"
 #include "../core/device_ops.hpp"
+#include "detail/health.hpp"
 #include "detail/scratch_arena.hpp"
 
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <string>
 
 namespace dpkit {
 
@@ -80,6 +82,18 @@ concept device_transport = transport<C> && requires(const C& cc) {
 template <class C>
 concept scratch_transport = transport<C> && requires(C& c) {
   { c.scratch() } -> std::same_as<detail::scratch_arena&>;
+};
+
+/// Refinement: the transport checks its collectives (docs/reliability.md):
+/// `health()` numbers every collective per stream and remembers the first
+/// failure (later calls throw communicator_error); messages carry the
+/// collective's sequence number and fingerprint hash in their tags so a peer
+/// running another collective is detected (mismatch_error) rather than
+/// matched; `report_failure(what)` fails the transport and tells the peers.
+template <class C>
+concept checked_transport = transport<C> && requires(C& c, const std::string& what) {
+  { c.health() } -> std::same_as<detail::comm_health&>;
+  c.report_failure(what);
 };
 
 /// Refinement (planned, docs/design.md "Transports"): the transport splits into

@@ -24,8 +24,10 @@
 #include "../core/tensor.hpp"
 #include "detail/scratch_arena.hpp"
 #include "concept.hpp"
+#include "detail/health.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -82,9 +84,10 @@ struct inproc_mailbox {
 class inproc_request {
 public:
   inproc_request() = default;
-  inproc_request(std::shared_ptr<detail::inproc_op> op, detail::inproc_mailbox* box, int rank, int peer, int tag,
-                 bool is_send)
-      : op_(std::move(op)), box_(box), rank_(rank), peer_(peer), tag_(tag), is_send_(is_send) {}
+  inproc_request(std::shared_ptr<detail::inproc_op> op, detail::inproc_mailbox* box, inproc_world* world, int rank,
+                 int peer, int tag, bool is_send, std::size_t bytes)
+      : op_(std::move(op)), box_(box), world_(world), rank_(rank), peer_(peer), tag_(tag), is_send_(is_send),
+        bytes_(bytes) {}
   inproc_request(inproc_request&& o) noexcept { swap(o); }
   inproc_request& operator=(inproc_request&& o) noexcept {
     if (this != &o) {
@@ -96,20 +99,18 @@ public:
   }
   ~inproc_request() { cancel(); }
 
-  /// Blocks until complete.
+  /// Blocks until complete. While waiting it watches the world: a failed
+  /// world (another rank threw or reported a fault), a peer that already
+  /// returned from its function, or a peer that runs a different collective
+  /// (a message of the same sequence number with another fingerprint) end the
+  /// wait at once instead of at the deadline.
   /// @throws dpkit::timeout_error past deadline d (naming rank, peer and tag);
-  /// dpkit::error if the message was mismatched (receive shorter than send).
-  void wait(deadline d) {
-    if (!op_) return;
-    std::unique_lock lk(op_->mu);
-    if (!op_->cv.wait_until(lk, d, [&] { return op_->status >= detail::inproc_op::done; })) {
-      lk.unlock();
-      throw timeout_error("inproc: rank " + std::to_string(rank_) + " timed out waiting for " +
-                          (is_send_ ? "send to" : "receive from") + " rank " + std::to_string(peer_) + " (tag " +
-                          std::to_string(tag_) + ")");
-    }
-    if (op_->status == detail::inproc_op::failed) throw error(op_->message);
-  }
+  ///         dpkit::peer_error (another rank failed or returned);
+  ///         dpkit::mismatch_error (the peer runs another collective);
+  ///         dpkit::error if the message was mismatched (receive shorter than send).
+  void wait(deadline d);
+  /// Payload bytes of this request.
+  std::size_t bytes() const noexcept { return bytes_; }
   /// True once complete (or failed; wait() then throws).
   bool test() const {
     if (!op_) return true;
@@ -121,6 +122,8 @@ private:
   void swap(inproc_request& o) noexcept {
     std::swap(op_, o.op_);
     std::swap(box_, o.box_);
+    std::swap(world_, o.world_);
+    std::swap(bytes_, o.bytes_);
     std::swap(rank_, o.rank_);
     std::swap(peer_, o.peer_);
     std::swap(tag_, o.tag_);
@@ -148,8 +151,10 @@ private:
 
   std::shared_ptr<detail::inproc_op> op_;
   detail::inproc_mailbox* box_ = nullptr;
+  inproc_world* world_ = nullptr;
   int rank_ = 0, peer_ = 0, tag_ = 0;
   bool is_send_ = false;
+  std::size_t bytes_ = 0;
 };
 
 /// One rank's endpoint of an inproc_world (models dpkit::transport and
@@ -174,6 +179,13 @@ public:
   /// Starts receiving exactly data.size() bytes from rank `peer` with `tag`.
   /// @throws dpkit::invalid_argument if peer is out of range.
   inproc_request irecv(std::span<std::byte> data, int peer, int tag);
+
+  /// This rank's collective health (checked_transport): sequence numbers,
+  /// current fingerprint, first failure.
+  detail::comm_health& health() noexcept;
+  /// Fails this rank's transport and the whole world: every rank's pending
+  /// and later waits throw peer_error naming this rank (checked_transport).
+  void report_failure(const std::string& what);
 
   /// This rank's communication thread (runs *_async collectives in order).
   progress_thread& progress() { return *progress_; }
@@ -213,6 +225,7 @@ public:
     if (world_size <= 0)
       throw invalid_argument("inproc_world: world size must be >= 1, got " + std::to_string(world_size));
     boxes_ = std::make_unique<detail::inproc_mailbox[]>(static_cast<std::size_t>(world_size));
+    ranks_ = std::make_unique<rank_state[]>(static_cast<std::size_t>(world_size));
   }
   inproc_world(const inproc_world&) = delete;
   inproc_world& operator=(const inproc_world&) = delete;
@@ -231,26 +244,66 @@ public:
     return inproc(this, rank);
   }
 
-  /// Runs f(inproc&) on size() threads, one per rank, and joins them. If any
-  /// rank throws, the first exception (lowest rank) is rethrown after all
-  /// threads ended.
+  /// Runs f(inproc&) on size() threads, one per rank, and joins them. A rank
+  /// whose f throws fails the world at once: the other ranks' waits throw
+  /// dpkit::peer_error naming it (within milliseconds, not at the deadline);
+  /// a rank whose f returns while a peer still waits for it makes that wait
+  /// throw peer_error too. After all threads ended, the first cause is
+  /// rethrown: the exception of the first rank that failed by itself (not as
+  /// a consequence of another rank's failure), else the first one.
   template <class F>
   void run(F&& f) {
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size_));
     std::vector<std::thread> threads;
     threads.reserve(static_cast<std::size_t>(size_));
+    std::atomic<int> first_cause{-1};
     for (int r = 0; r < size_; ++r)
       threads.emplace_back([&, r] {
         try {
           inproc comm(this, r);
           f(comm);
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+          const bool consequence = dynamic_cast<const peer_error*>(&e) || dynamic_cast<const communicator_error*>(&e);
+          int none = -1;
+          if (!consequence) first_cause.compare_exchange_strong(none, r);
+          fail(r, std::string("rank ") + std::to_string(r) + " threw: " + e.what());
         } catch (...) {
           errors[static_cast<std::size_t>(r)] = std::current_exception();
+          int none = -1;
+          first_cause.compare_exchange_strong(none, r);
+          fail(r, "rank " + std::to_string(r) + " threw a non-standard exception");
         }
+        mark_exited(r);
       });
     for (auto& t : threads) t.join();
+    if (const int c = first_cause.load(); c >= 0) std::rethrow_exception(errors[static_cast<std::size_t>(c)]);
     for (auto& e : errors)
       if (e) std::rethrow_exception(e);
+  }
+
+  /// True once a rank failed; failure() names the first failure.
+  bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
+  /// The first failure's description ("" if none).
+  std::string failure() const {
+    std::lock_guard lk(fail_mu_);
+    return failure_;
+  }
+
+  /// Fails the world (first call wins): records `what`, fails every rank's
+  /// health, and wakes every pending send and receive, whose waits then throw
+  /// dpkit::peer_error (or dpkit::mismatch_error when `mismatch`).
+  void fail(int rank, const std::string& what, bool mismatch = false) {
+    {
+      std::lock_guard lk(fail_mu_);
+      if (failed_.load(std::memory_order_relaxed)) return;
+      failure_ = what;
+      failed_rank_ = rank;
+      mismatch_ = mismatch;
+      failed_.store(true, std::memory_order_release);
+    }
+    for (int r = 0; r < size_; ++r) ranks_[static_cast<std::size_t>(r)].health.fail(what);
+    wake_all();
   }
 
   /// Moves n bytes of a message payload (std::memcpy, or device_ops::copy
@@ -263,11 +316,69 @@ public:
 
 private:
   friend class inproc;
+  friend class inproc_request;
+  struct rank_state {
+    detail::comm_health health;
+    std::atomic<bool> exited{false};
+  };
   detail::inproc_mailbox& box(int r) { return boxes_[static_cast<std::size_t>(r)]; }
+  rank_state& state(int r) { return ranks_[static_cast<std::size_t>(r)]; }
+  void mark_exited(int r) {
+    state(r).exited.store(true, std::memory_order_release);
+    wake_all();
+  }
+  // Wakes every waiter (they re-check the world's state).
+  void wake_all() {
+    for (int r = 0; r < size_; ++r) {
+      auto& b = box(r);
+      std::lock_guard lk(b.mu);
+      for (auto* q : {&b.sends, &b.recvs})
+        for (auto& e : *q) {
+          std::lock_guard ol(e.op->mu);
+          e.op->cv.notify_all();
+        }
+    }
+  }
+  /// Throws peer_error / mismatch_error when the world failed.
+  void throw_if_failed(int rank) const {
+    if (!failed()) return;
+    std::string what;
+    bool mm;
+    {
+      std::lock_guard lk(fail_mu_);
+      what = failure_;
+      mm = mismatch_;
+    }
+    if (mm) throw mismatch_error(what);
+    throw peer_error("inproc: rank " + std::to_string(rank) + " stops: " + what);
+  }
+  /// The tag of a message of `peer` that belongs to another collective at the
+  /// same sequence number as `my_tag` (one queued for this rank, or a receive
+  /// the peer posted for this rank), or 0.
+  int foreign_from(int rank, int peer, int my_tag) {
+    if (!detail::is_checked_tag(my_tag)) return 0;
+    {
+      auto& b = box(rank);
+      std::lock_guard lk(b.mu);
+      for (auto& e : b.sends)
+        if (e.peer == peer && detail::foreign_tag(my_tag, e.tag)) return e.tag;
+    }
+    auto& b = box(peer);
+    std::lock_guard lk(b.mu);
+    for (auto& e : b.recvs)
+      if (e.peer == rank && detail::foreign_tag(my_tag, e.tag)) return e.tag;
+    return 0;
+  }
 
   int size_;
   const device_ops* ops_;
   std::unique_ptr<detail::inproc_mailbox[]> boxes_;
+  std::unique_ptr<rank_state[]> ranks_;
+  std::atomic<bool> failed_{false};
+  mutable std::mutex fail_mu_;
+  std::string failure_;
+  int failed_rank_ = -1;
+  bool mismatch_ = false;
 };
 
 inline int inproc::size() const noexcept { return world_->size(); }
@@ -275,6 +386,53 @@ inline bool inproc::accepts(memory_space s) const noexcept {
   return s == memory_space::host || world_->device() != nullptr;
 }
 inline const device_ops* inproc::device() const noexcept { return world_->device(); }
+inline detail::comm_health& inproc::health() noexcept { return world_->state(rank_).health; }
+inline void inproc::report_failure(const std::string& what) {
+  world_->fail(rank_, "rank " + std::to_string(rank_) + " failed: " + what);
+}
+
+inline void inproc_request::wait(deadline d) {
+  if (!op_) return;
+  // Waits in short slices; between slices it checks the world (failure, a
+  // peer that returned, a peer running another collective).
+  constexpr auto slice = std::chrono::milliseconds(2);
+  for (;;) {
+    {
+      std::unique_lock lk(op_->mu);
+      const auto until = std::min(d, clock::now() + slice);
+      const bool peer_gone = world_->state(peer_).exited.load(std::memory_order_acquire);
+      op_->cv.wait_until(lk, until, [&] {
+        return op_->status >= detail::inproc_op::done || world_->failed() ||
+               (!peer_gone && world_->state(peer_).exited.load(std::memory_order_acquire));
+      });
+      if (op_->status >= detail::inproc_op::done) {
+        if (op_->status == detail::inproc_op::failed) throw error(op_->message);
+        return;
+      }
+    }
+    world_->throw_if_failed(rank_);
+    if (const int ft = world_->foreign_from(rank_, peer_, tag_)) {
+      const auto mine = world_->state(rank_).health.current();
+      auto theirs = world_->state(peer_).health.at(mine.seq, mine.stream); // what the peer ran at our seq
+      if (!theirs.valid) theirs = world_->state(peer_).health.current();
+      std::string what = detail::mismatch_text(rank_, mine, peer_, theirs);
+      if (theirs.seq != mine.seq)
+        what = "collective mismatch: rank " + std::to_string(rank_) + " runs " + mine.str() + "; rank " +
+               std::to_string(peer_) + " sent a message of another collective at the same sequence number (tag " +
+               std::to_string(ft) + ")";
+      world_->fail(rank_, what, true);
+      throw mismatch_error(what);
+    }
+    if (world_->state(peer_).exited.load(std::memory_order_acquire) && !test())
+      throw peer_error("inproc: rank " + std::to_string(rank_) + " waits for " + (is_send_ ? "send to" : "receive from") +
+                       " rank " + std::to_string(peer_) + " (tag " + std::to_string(tag_) +
+                       "), but rank " + std::to_string(peer_) + " already returned from its function");
+    if (clock::now() >= d)
+      throw timeout_error("inproc: rank " + std::to_string(rank_) + " timed out waiting for " +
+                          (is_send_ ? "send to" : "receive from") + " rank " + std::to_string(peer_) + " (tag " +
+                          std::to_string(tag_) + ")");
+  }
+}
 
 inline void inproc::check_peer(int peer, const char* what) const {
   if (peer < 0 || peer >= size())
@@ -329,22 +487,24 @@ inline void inproc_post(inproc_world& w, inproc_mailbox& box, std::list<inproc_e
 
 inline inproc_request inproc::isend(std::span<const std::byte> data, int peer, int tag) {
   check_peer(peer, "isend");
+  world_->throw_if_failed(rank_);
   auto op = std::make_shared<detail::inproc_op>();
   auto& box = world_->box(peer);
   // In the receiver's box: match a receive posted for (this rank, tag).
   detail::inproc_post(*world_, box, box.recvs, box.sends, {rank_, tag, nullptr, data.data(), data.size(), op}, rank_,
                       true, rank_, peer);
-  return inproc_request(op, &box, rank_, peer, tag, true);
+  return inproc_request(op, &box, world_, rank_, peer, tag, true, data.size());
 }
 
 inline inproc_request inproc::irecv(std::span<std::byte> data, int peer, int tag) {
   check_peer(peer, "irecv");
+  world_->throw_if_failed(rank_);
   auto op = std::make_shared<detail::inproc_op>();
   auto& box = world_->box(rank_);
   // In this rank's box: match a send queued from (peer, tag).
   detail::inproc_post(*world_, box, box.sends, box.recvs, {peer, tag, data.data(), nullptr, data.size(), op}, peer,
                       false, peer, rank_);
-  return inproc_request(op, &box, rank_, peer, tag, false);
+  return inproc_request(op, &box, world_, rank_, peer, tag, false, data.size());
 }
 
 } // namespace dpkit

@@ -34,11 +34,13 @@
 #include "../core/tensor.hpp"
 #include "detail/scratch_arena.hpp"
 #include "concept.hpp"
+#include "detail/health.hpp"
 
 #include <mpi.h>
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <climits>
 #include <cstddef>
@@ -63,6 +65,121 @@ inline void mpi_check(int code, const char* call, int rank) {
 }
 /// Largest message one MPI request carries (bytes).
 inline constexpr std::size_t mpi_max_message = std::size_t{1} << 30;
+
+/// A fault notice, sent on control_tag to every other rank by a rank whose
+/// collective failed (fixed size, so it is one eager message).
+struct mpi_notice {
+  std::int32_t kind = 0; // 1: failure, 2: mismatch
+  std::int32_t rank = -1;
+  fingerprint fp{};
+  char text[472] = {};
+};
+
+/// State shared by an mpi transport and its requests (stable address).
+struct mpi_shared {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  comm_health health;
+  native_call call{};
+  mpi_notice notice{};                 // what this rank sent (one failure per transport)
+  std::vector<MPI_Request> notice_sends;
+
+  /// Records the first failure and tells every other rank (once).
+  void fail_and_notify(const std::string& what, int kind, const fingerprint* fp = nullptr) {
+    if (!health.fail(what)) return;
+    notice.kind = kind;
+    notice.rank = rank;
+    notice.fp = fp ? *fp : health.current();
+    std::strncpy(notice.text, what.c_str(), sizeof notice.text - 1);
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      MPI_Request r = MPI_REQUEST_NULL;
+      if (MPI_Isend(&notice, sizeof notice, MPI_BYTE, p, control_tag, comm, &r) == MPI_SUCCESS)
+        notice_sends.push_back(r);
+    }
+  }
+  /// Handles a notice received from another rank: throws mismatch_error or
+  /// peer_error (after failing this transport and telling the others).
+  [[noreturn]] void on_notice(const mpi_notice& n) {
+    // What this rank ran at the sequence number the notice names (it may
+    // have finished that collective already, e.g. a broadcast root).
+    const fingerprint mine = n.fp.valid ? health.at(n.fp.seq, n.fp.stream) : fingerprint{};
+    const std::string text(n.text, strnlen(n.text, sizeof n.text));
+    if (n.kind == 2 && n.fp.valid && mine.valid && !n.fp.same_call(mine)) {
+      const std::string what = mismatch_text(n.rank, n.fp, rank, mine);
+      fail_and_notify(what, 2, &mine);
+      throw mismatch_error(what);
+    }
+    const std::string what = "rank " + std::to_string(n.rank) + " reported: " + text;
+    fail_and_notify(what, n.kind);
+    if (n.kind == 2) throw mismatch_error(what);
+    throw peer_error("mpi: rank " + std::to_string(rank) + " stops: " + what);
+  }
+  /// Called by waits that have waited a while: takes a pending fault notice,
+  /// and looks for a message from `peer` (or any rank, peer < 0) that belongs
+  /// to another collective at this collective's sequence number.
+  void poll(int peer, int my_tag) {
+    int flag = 0;
+    MPI_Status st;
+    MPI_Iprobe(MPI_ANY_SOURCE, control_tag, comm, &flag, &st);
+    if (flag) {
+      mpi_notice n;
+      MPI_Recv(&n, sizeof n, MPI_BYTE, st.MPI_SOURCE, control_tag, comm, MPI_STATUS_IGNORE);
+      on_notice(n);
+    }
+    if (!is_checked_tag(my_tag)) return;
+    flag = 0;
+    MPI_Iprobe(peer >= 0 ? peer : MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, &st);
+    if (flag && foreign_tag(my_tag, st.MPI_TAG)) on_foreign(st.MPI_SOURCE, st.MPI_TAG);
+  }
+  /// A peer's message carries another collective's fingerprint at our
+  /// sequence number: tell everyone, give the peer up to 500 ms to name its
+  /// side (its notice), then throw mismatch_error.
+  [[noreturn]] void on_foreign(int peer, int tag) {
+    const fingerprint mine = health.current();
+    const std::string partial = "collective mismatch: rank " + std::to_string(rank) + " runs " + mine.str() +
+                                "; rank " + std::to_string(peer) +
+                                " sent a message of another collective at the same sequence number (tag " +
+                                std::to_string(tag) + ")";
+    fail_and_notify(partial, 2);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    while (std::chrono::steady_clock::now() < until) {
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(peer, control_tag, comm, &flag, &st);
+      if (flag) {
+        mpi_notice n;
+        MPI_Recv(&n, sizeof n, MPI_BYTE, peer, control_tag, comm, MPI_STATUS_IGNORE);
+        if (n.fp.valid && !n.fp.same_call(mine)) throw mismatch_error(mismatch_text(rank, mine, n.rank, n.fp));
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    throw mismatch_error(partial);
+  }
+  /// Waits a (native collective) request against call.due, polling as above.
+  void wait_native(MPI_Request& r, const char* what) {
+    const auto start = std::chrono::steady_clock::now();
+    auto next_poll = start + std::chrono::milliseconds(1);
+    const int my_tag = health.tags_enabled && call.fp.valid ? checked_tag_base(call.fp.seq, call.fp.hash()) : 0;
+    for (unsigned spins = 1;; ++spins) {
+      int flag = 0;
+      mpi_check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE), what, rank);
+      if (flag) return;
+      if ((spins & 63u) == 0) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now > call.due)
+          throw timeout_error(std::string("mpi: rank ") + std::to_string(rank) + ": " + what +
+                              " did not complete (the request is abandoned; MPI may still write the buffer)");
+        if (now >= next_poll) {
+          poll(-1, my_tag);
+          next_poll = now + std::chrono::milliseconds(1);
+        }
+        if (spins > 1024) std::this_thread::yield();
+      }
+    }
+  }
+};
 } // namespace detail
 
 /// A pending MPI send or receive (models dpkit::request). Holds one MPI
@@ -72,8 +189,10 @@ class mpi_request {
 public:
   mpi_request() = default;
   /// Internal: takes ownership of `count` requests (first inline, rest in more).
-  mpi_request(MPI_Request first, std::vector<MPI_Request> more, int rank, int peer, int tag, bool is_send)
-      : first_(first), more_(std::move(more)), rank_(rank), peer_(peer), tag_(tag), is_send_(is_send) {}
+  mpi_request(MPI_Request first, std::vector<MPI_Request> more, int rank, int peer, int tag, bool is_send,
+              detail::mpi_shared* sh = nullptr, std::size_t bytes = 0)
+      : first_(first), more_(std::move(more)), sh_(sh), bytes_(bytes), rank_(rank), peer_(peer), tag_(tag),
+        is_send_(is_send) {}
   mpi_request(mpi_request&& o) noexcept { swap(o); }
   mpi_request& operator=(mpi_request&& o) noexcept {
     if (this != &o) {
@@ -101,28 +220,45 @@ public:
     }
     return true;
   }
-  /// Polls until complete.
+  /// Polls until complete. After 1 ms it also watches for fault notices from
+  /// other ranks and for a peer message of another collective at this
+  /// sequence number (checked tags), every millisecond.
   /// @throws dpkit::timeout_error past deadline d (naming rank, peer, tag);
+  ///         dpkit::peer_error (another rank reported a failure);
+  ///         dpkit::mismatch_error (the peer runs another collective);
   ///         dpkit::error if MPI reports an error.
   void wait(deadline d) {
     unsigned spins = 0;
+    deadline next_poll{};
     while (!test()) {
       if ((++spins & 63u) == 0) {
-        if (clock::now() > d) {
+        const auto now = clock::now();
+        if (now > d) {
           cancel();
           throw timeout_error("mpi: rank " + std::to_string(rank_) + " timed out waiting for " +
                               (is_send_ ? "send to" : "receive from") + " rank " + std::to_string(peer_) + " (tag " +
                               std::to_string(tag_) + ")");
         }
+        if (sh_) {
+          if (next_poll == deadline{}) next_poll = now + std::chrono::milliseconds(1);
+          else if (now >= next_poll) {
+            sh_->poll(peer_, tag_);
+            next_poll = now + std::chrono::milliseconds(1);
+          }
+        }
         if (spins > 1024) std::this_thread::yield(); // let an oversubscribed peer run
       }
     }
   }
+  /// Payload bytes of this request.
+  std::size_t bytes() const noexcept { return bytes_; }
 
 private:
   void swap(mpi_request& o) noexcept {
     std::swap(first_, o.first_);
     std::swap(more_, o.more_);
+    std::swap(sh_, o.sh_);
+    std::swap(bytes_, o.bytes_);
     std::swap(rank_, o.rank_);
     std::swap(peer_, o.peer_);
     std::swap(tag_, o.tag_);
@@ -150,6 +286,8 @@ private:
 
   MPI_Request first_ = MPI_REQUEST_NULL;
   std::vector<MPI_Request> more_;
+  detail::mpi_shared* sh_ = nullptr;
+  std::size_t bytes_ = 0;
   int rank_ = 0, peer_ = 0, tag_ = 0;
   bool is_send_ = false;
 };
@@ -176,13 +314,22 @@ public:
     }
     detail::mpi_check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank", -1);
     detail::mpi_check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size", rank_);
+    // MPI errors on dpkit's communicator become dpkit::error, not an abort.
+    if (owned_) detail::mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", rank_);
+    sh_->comm = comm_;
+    sh_->rank = rank_;
+    sh_->size = size_;
+    int* ub = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &flag);
+    sh_->health.tags_enabled = flag && ub && *ub >= 0x7fffffff;
     create_half_ops();
   }
   mpi(const mpi&) = delete;
   mpi& operator=(const mpi&) = delete;
   mpi(mpi&& o) noexcept
       : comm_(o.comm_), owned_(o.owned_), rank_(o.rank_), size_(o.size_), half_ops_(o.half_ops_),
-        arena_(std::move(o.arena_)), progress_(std::move(o.progress_)) {
+        arena_(std::move(o.arena_)), progress_(std::move(o.progress_)), sh_(std::move(o.sh_)) {
     o.owned_ = false;
     o.half_ops_.fill(MPI_OP_NULL);
   }
@@ -193,6 +340,9 @@ public:
     if (finalized) return;
     for (auto& op : half_ops_)
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
+    if (sh_)
+      for (auto& r : sh_->notice_sends)
+        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
     if (owned_) MPI_Comm_free(&comm_);
   }
 
@@ -224,6 +374,28 @@ public:
 
   /// The communication thread running *_async collectives in order.
   progress_thread& progress() { return *progress_; }
+  /// Collective health (checked_transport): sequence numbers, current
+  /// fingerprint, first failure.
+  detail::comm_health& health() noexcept { return sh_->health; }
+  /// Fails this transport and sends a fault notice to every other rank, whose
+  /// waits then throw peer_error within about a millisecond (checked_transport).
+  void report_failure(const std::string& what) { sh_->fail_and_notify(what, 1); }
+  /// How the next native collective runs (set by dpkit's dispatchers): its
+  /// deadline and fingerprint, non-blocking or blocking, with or without the
+  /// fingerprint agreement step. Calling native_* directly without it runs
+  /// the blocking MPI collective, as before.
+  void begin_native(const detail::native_call& c) { sh_->call = c; }
+  /// The agreement step of collective_options::check: every rank all-gathers
+  /// its fingerprint (MPI_Iallgather waited against `due`), and any
+  /// difference throws mismatch_error on every rank, naming both sides.
+  void agree(const detail::fingerprint& fp, deadline due) {
+    sh_->call = detail::native_call{due, fp, true};
+    struct reset_call {
+      detail::mpi_shared& s;
+      ~reset_call() { s.call = {}; }
+    } reset{*sh_};
+    agree_now(fp);
+  }
   /// Host scratch reused by this transport's collectives (internal).
   detail::scratch_arena& scratch() { return *arena_; }
 
@@ -237,8 +409,9 @@ public:
     for_counts(count, [&](std::size_t off, int n) {
       const auto* i = static_cast<const std::byte*>(in) + off * es;
       auto* o = static_cast<std::byte*>(out) + off * es;
-      detail::mpi_check(MPI_Allreduce(i == o ? MPI_IN_PLACE : i, o, n, datatype(t), mpi_op(t, op), comm_),
-                        "MPI_Allreduce", rank_);
+      const void* snd = i == o ? MPI_IN_PLACE : i;
+      collective("MPI_Allreduce", [&](MPI_Request* r) { return MPI_Iallreduce(snd, o, n, datatype(t), mpi_op(t, op), comm_, r); },
+                 [&] { return MPI_Allreduce(snd, o, n, datatype(t), mpi_op(t, op), comm_); });
     });
     if (op == reduce_op::avg) finish_avg(out, count, t);
   }
@@ -253,13 +426,16 @@ public:
     const auto* own = static_cast<const std::byte*>(in) + static_cast<std::size_t>(rank_) * count * es;
     if (own == out) {
       auto* buf = const_cast<void*>(in);
-      detail::mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, static_cast<int>(count), datatype(t),
-                                                 mpi_op(t, op), comm_),
-                        "MPI_Reduce_scatter_block", rank_);
+      const int c = static_cast<int>(count);
+      collective("MPI_Reduce_scatter_block",
+                 [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(MPI_IN_PLACE, buf, c, datatype(t), mpi_op(t, op), comm_, r); },
+                 [&] { return MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, c, datatype(t), mpi_op(t, op), comm_); });
       if (buf != out && count) std::memmove(out, buf, count * es);
     } else {
-      detail::mpi_check(MPI_Reduce_scatter_block(in, out, static_cast<int>(count), datatype(t), mpi_op(t, op), comm_),
-                        "MPI_Reduce_scatter_block", rank_);
+      const int c = static_cast<int>(count);
+      collective("MPI_Reduce_scatter_block",
+                 [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(in, out, c, datatype(t), mpi_op(t, op), comm_, r); },
+                 [&] { return MPI_Reduce_scatter_block(in, out, c, datatype(t), mpi_op(t, op), comm_); });
     }
     if (op == reduce_op::avg) finish_avg(out, count, t);
   }
@@ -269,17 +445,20 @@ public:
   void native_allgather(const void* in, void* out, std::size_t count, element_type t) {
     check_int(count, "MPI_Allgather");
     const auto* o = static_cast<const std::byte*>(out) + static_cast<std::size_t>(rank_) * count * element_size(t);
-    detail::mpi_check(MPI_Allgather(in == o ? MPI_IN_PLACE : in, static_cast<int>(count), datatype(t), out,
-                                    static_cast<int>(count), datatype(t), comm_),
-                      "MPI_Allgather", rank_);
+    const void* snd = in == o ? MPI_IN_PLACE : in;
+    const int c = static_cast<int>(count);
+    collective("MPI_Allgather",
+               [&](MPI_Request* r) { return MPI_Iallgather(snd, c, datatype(t), out, c, datatype(t), comm_, r); },
+               [&] { return MPI_Allgather(snd, c, datatype(t), out, c, datatype(t), comm_); });
   }
   /// MPI_Bcast from root (copies in -> out on root first when they differ).
   void native_broadcast(const void* in, void* out, std::size_t count, element_type t, int root) {
     if (rank_ == root && in != out && count) std::memcpy(out, in, count * element_size(t));
     const std::size_t es = element_size(t);
     for_counts(count, [&](std::size_t off, int n) {
-      detail::mpi_check(MPI_Bcast(static_cast<std::byte*>(out) + off * es, n, datatype(t), root, comm_), "MPI_Bcast",
-                        rank_);
+      void* b = static_cast<std::byte*>(out) + off * es;
+      collective("MPI_Bcast", [&](MPI_Request* r) { return MPI_Ibcast(b, n, datatype(t), root, comm_, r); },
+                 [&] { return MPI_Bcast(b, n, datatype(t), root, comm_); });
     });
   }
   /// MPI_Reduce to root (out is used on root only; counts above INT_MAX are split).
@@ -289,14 +468,48 @@ public:
       const auto* i = static_cast<const std::byte*>(in) + off * es;
       auto* o = rank_ == root ? static_cast<std::byte*>(out) + off * es : nullptr;
       const void* send = (rank_ == root && i == o) ? MPI_IN_PLACE : static_cast<const void*>(i);
-      detail::mpi_check(MPI_Reduce(send, o, n, datatype(t), mpi_op(t, op), root, comm_), "MPI_Reduce", rank_);
+      collective("MPI_Reduce", [&](MPI_Request* r) { return MPI_Ireduce(send, o, n, datatype(t), mpi_op(t, op), root, comm_, r); },
+                 [&] { return MPI_Reduce(send, o, n, datatype(t), mpi_op(t, op), root, comm_); });
     });
     if (op == reduce_op::avg && rank_ == root) finish_avg(out, count, t);
   }
   /// MPI_Barrier.
-  void native_barrier() { detail::mpi_check(MPI_Barrier(comm_), "MPI_Barrier", rank_); }
+  void native_barrier() {
+    collective("MPI_Barrier", [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); }, [&] { return MPI_Barrier(comm_); });
+  }
 
 private:
+  // One native collective call: the fingerprint agreement first when asked
+  // (begin_native), then the non-blocking call waited against the deadline,
+  // or the blocking call when no deadline was asked for (direct calls).
+  template <class NB, class B>
+  void collective(const char* name, NB&& nonblocking, B&& blocking) {
+    const detail::native_call& c = sh_->call;
+    if (c.with_deadline && c.fp.valid) {
+      MPI_Request r = MPI_REQUEST_NULL;
+      detail::mpi_check(nonblocking(&r), name, rank_);
+      sh_->wait_native(r, name);
+    } else {
+      detail::mpi_check(blocking(), name, rank_);
+    }
+  }
+  // All ranks all-gather their fingerprints; any difference is a mismatch
+  // that every rank sees and names.
+  void agree_now(const detail::fingerprint& fp) {
+    std::vector<detail::fingerprint> all(static_cast<std::size_t>(size_));
+    MPI_Request r = MPI_REQUEST_NULL;
+    detail::mpi_check(MPI_Iallgather(&fp, sizeof fp, MPI_BYTE, all.data(), sizeof fp, MPI_BYTE, comm_, &r),
+                      "MPI_Iallgather (agreement)", rank_);
+    sh_->wait_native(r, "MPI_Iallgather (agreement)");
+    for (int p = 0; p < size_; ++p) {
+      const auto& f = all[static_cast<std::size_t>(p)];
+      if (f.seq != fp.seq || !f.same_call(fp)) {
+        const std::string what = detail::mismatch_text(rank_, fp, p, f);
+        sh_->health.fail(what);
+        throw mismatch_error(what);
+      }
+    }
+  }
   void check_peer(int peer, const char* what) const {
     if (peer < 0 || peer >= size_)
       throw invalid_argument(std::string("mpi::") + what + ": rank " + std::to_string(rank_) + ": peer rank " +
@@ -318,7 +531,7 @@ private:
       if (off == 0) first = r;
       else more.push_back(r);
     });
-    return mpi_request(first, std::move(more), rank_, peer, tag, is_send);
+    return mpi_request(first, std::move(more), rank_, peer, tag, is_send, sh_.get(), bytes);
   }
   template <class F>
   static void for_pieces(std::size_t bytes, F&& f) {
@@ -391,6 +604,7 @@ private:
   std::array<MPI_Op, 8> half_ops_{};
   std::unique_ptr<detail::scratch_arena> arena_ = std::make_unique<detail::scratch_arena>();
   std::unique_ptr<progress_thread> progress_ = std::make_unique<progress_thread>();
+  std::unique_ptr<detail::mpi_shared> sh_ = std::make_unique<detail::mpi_shared>();
 };
 
 } // namespace dpkit

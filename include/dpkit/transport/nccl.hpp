@@ -128,7 +128,7 @@ struct nccl_options {
   /// at large world sizes.
   bool point_to_point = true;
   /// Deadline of each native collective (ncclAllReduce, ...), from its start.
-  std::chrono::milliseconds native_timeout = default_timeout;
+  std::chrono::milliseconds native_timeout = env_default_timeout();
 };
 
 namespace detail {
@@ -153,7 +153,7 @@ struct nccl_state {
   bool aborted = false;
   cudaEvent_t order = nullptr; // orders channel work after the main stream
   void* barrier_buf = nullptr;
-  std::chrono::milliseconds native_timeout = default_timeout;
+  std::chrono::milliseconds native_timeout = env_default_timeout();
 
   std::string prefix() const {
     return "nccl: rank " + std::to_string(rank) + " of " + std::to_string(size) + ": ";

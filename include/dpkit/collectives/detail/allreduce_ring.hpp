@@ -12,17 +12,17 @@ template <transport C, element T>
 void allreduce_ring_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t count, reduce_op op,
                         const collective_options& o, const local_ops<T>& L) {
   const int n = ctx.size, r = ctx.rank;
+  collective_scope<C> S(comm, ctx, coll_kind::allreduce, "ring", element_type_of_v<T>, count, op, -1, o);
   if (count == 0) return;
   if (n == 1) {
     L.copy(out, in, count);
     return;
   }
-  const deadline dl = deadline_after(o.timeout);
   const std::size_t seg = segment_elems<T>(o);
   const std::size_t depth = static_cast<std::size_t>(std::max(1, o.pipeline_depth));
   const int right = mod(r + 1, n), left = mod(r - 1, n);
   const int steps = 2 * (n - 1); // 0..n-2 reduce-scatter, n-1..2n-3 all-gather
-  const int tag = tag_of(o, tag_offset::allreduce_ring);
+  const int tag = S.tag(tag_offset::allreduce_ring);
 
   auto recv_chunk = [&](int t) { return t < n - 1 ? mod(r - t - 1, n) : mod(r - (t - (n - 1)), n); };
   auto send_chunk = [&](int t) { return t < n - 1 ? mod(r - t, n) : mod(r + 1 - (t - (n - 1)), n); };
@@ -74,7 +74,7 @@ void allreduce_ring_raw(C& comm, const op_context& ctx, const T* in, T* out, std
     } else {
       const std::size_t k = static_cast<std::size_t>(it.step - (n - 1));
       if (k > 0 && processed < step_end[k - 1]) return false;
-      for (; sends_done < send_end[k]; ++sends_done) wait_ctx(sends[sends_done], dl, ctx);
+      for (; sends_done < send_end[k]; ++sends_done) S.wait(sends[sends_done]);
       recvs[posted] = comm.irecv(bytes_of(out + it.begin, it.len), left, tag);
     }
     ++posted;
@@ -84,7 +84,7 @@ void allreduce_ring_raw(C& comm, const op_context& ctx, const T* in, T* out, std
 
   for (std::size_t i = 0; i < items.size(); ++i) {
     const item& it = items[i];
-    wait_ctx(recvs[i], dl, ctx);
+    S.wait(recvs[i]);
     if (it.step < n - 1) {
       const T* slot = slots.data() + (i % depth) * slot_elems;
       L.reduce(out + it.begin, in + it.begin, slot, it.len, op);
@@ -100,7 +100,7 @@ void allreduce_ring_raw(C& comm, const op_context& ctx, const T* in, T* out, std
       send_end[static_cast<std::size_t>(it.step + 1)] = sends.size();
     }
   }
-  for (; sends_done < sends.size(); ++sends_done) wait_ctx(sends[sends_done], dl, ctx);
+  for (; sends_done < sends.size(); ++sends_done) S.wait(sends[sends_done]);
 }
 
 } // namespace dpkit::detail

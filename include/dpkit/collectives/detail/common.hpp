@@ -10,12 +10,16 @@
 #include "../../core/tensor.hpp"
 #include "../../transport/concept.hpp"
 #include "../../transport/detail/scratch_arena.hpp"
+#include "../../transport/detail/health.hpp"
 #include "tags.hpp"
 
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <exception>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -179,25 +183,113 @@ std::span<std::byte> bytes_of(T* p, std::size_t n) {
   return {reinterpret_cast<std::byte*>(p), n * sizeof(T)};
 }
 
-/// Waits r, prefixing a timeout or transport error with the operation context.
-template <class R>
-void wait_ctx(R& r, deadline d, const op_context& ctx) {
-  try {
-    r.wait(d);
-  } catch (const timeout_error& e) {
-    throw timeout_error(ctx.prefix() + "did not finish within its deadline (" + e.what() + ")");
-  } catch (const invalid_argument&) {
-    throw;
-  } catch (const error& e) {
-    throw error(ctx.prefix() + e.what());
+/// One running collective: its fingerprint and sequence number (checked
+/// transports), its message tags, its deadline, and waits that name the
+/// operation, sequence number, peer and bytes done when they fail. A failure
+/// inside the scope (any error but invalid_argument, or an exception leaving
+/// the body) fails the transport and tells its peers (checked transports), so
+/// later calls throw communicator_error instead of computing on a transport in
+/// an unknown state.
+template <class C>
+class collective_scope {
+public:
+  collective_scope(C& comm, const op_context& ctx, coll_kind kind, const char* algo, element_type type,
+                   std::size_t count, std::optional<reduce_op> op, int root, const collective_options& o)
+      : comm_(comm), ctx_(ctx), dl_(deadline_after(o.timeout)), timeout_(o.timeout), tag_base_(o.tag),
+        uncaught_(std::uncaught_exceptions()) {
+    fp_.kind = static_cast<std::uint8_t>(kind);
+    fp_.type = static_cast<std::uint8_t>(type);
+    fp_.count = count;
+    fp_.op = op ? static_cast<std::uint8_t>(*op) : std::uint8_t{0xff};
+    fp_.root = root;
+    fp_.stream = o.tag;
+    std::memcpy(fp_.algo, algo, std::min(sizeof fp_.algo, std::strlen(algo)));
+    if constexpr (checked_transport<C>) {
+      auto& h = comm.health();
+      h.check(ctx.name, ctx.rank);
+      fp_ = h.begin(fp_);
+      if (h.tags_enabled) tag_base_ = checked_tag_base(fp_.seq, fp_.hash());
+    }
   }
-}
+  collective_scope(const collective_scope&) = delete;
+  collective_scope& operator=(const collective_scope&) = delete;
+  ~collective_scope() {
+    if (!reported_ && std::uncaught_exceptions() > uncaught_)
+      report(what_.empty() ? std::string("an exception left the collective") : what_);
+  }
 
-template <class R>
-void wait_all_ctx(std::vector<R>& rs, deadline d, const op_context& ctx) {
-  for (auto& r : rs) wait_ctx(r, d, ctx);
-  rs.clear();
-}
+  /// The tag of algorithm part t.
+  int tag(tag_offset t) const noexcept { return tag_base_ + static_cast<int>(t); }
+  /// The collective's deadline.
+  deadline due() const noexcept { return dl_; }
+  /// This call's fingerprint (seq is meaningful on checked transports).
+  const fingerprint& fp() const noexcept { return fp_; }
+
+  /// Waits r against the deadline; on failure throws the same error type with
+  /// the operation context and fails the transport.
+  template <class R>
+  void wait(R& r) {
+    guard([&] { r.wait(dl_); });
+    if constexpr (requires { r.bytes(); }) bytes_done_ += r.bytes();
+  }
+  /// Runs f (a native collective) under the same error translation as wait.
+  template <class F>
+  void guard(F&& f) {
+    try {
+      f();
+    } catch (const invalid_argument&) {
+      throw;
+    } catch (const timeout_error& e) {
+      fail_with<timeout_error>(describe() + " did not finish within its deadline of " + std::to_string(timeout_.count()) +
+                               " ms, " + std::to_string(bytes_done_) + " bytes done by this rank (" + e.what() + ")");
+    } catch (const mismatch_error& e) {
+      fail_with<mismatch_error>(describe() + ": " + e.what());
+    } catch (const peer_error& e) {
+      fail_with<peer_error>(describe() + ": " + e.what());
+    } catch (const communicator_error& e) {
+      fail_with<communicator_error>(describe() + ": " + e.what());
+    } catch (const error& e) {
+      fail_with<error>(describe() + ": " + e.what());
+    }
+  }
+  /// The agreement step (collective_options::check) when `on` and the
+  /// transport offers one: every rank all-gathers its fingerprint and a
+  /// difference throws mismatch_error on every rank.
+  void agree_if(bool on) {
+    if constexpr (checked_transport<C> && requires { comm_.agree(fp_, dl_); }) {
+      if (on) guard([&] { comm_.agree(fp_, dl_); });
+    }
+  }
+  /// Waits every request of rs (then clears rs).
+  template <class R>
+  void wait_all(std::vector<R>& rs) {
+    for (auto& r : rs) wait(r);
+    rs.clear();
+  }
+
+private:
+  std::string describe() const { return ctx_.prefix() + fp_.str(); }
+  template <class E>
+  [[noreturn]] void fail_with(const std::string& msg) {
+    report(msg);
+    throw E(msg);
+  }
+  void report(const std::string& msg) {
+    reported_ = true;
+    if constexpr (checked_transport<C>) comm_.report_failure(msg);
+  }
+
+  C& comm_;
+  const op_context& ctx_;
+  deadline dl_;
+  std::chrono::milliseconds timeout_;
+  int tag_base_;
+  int uncaught_;
+  fingerprint fp_{};
+  std::size_t bytes_done_ = 0;
+  bool reported_ = false;
+  std::string what_;
+};
 
 /// Segment size in elements for options o (>= 1).
 template <class T>
@@ -206,6 +298,21 @@ std::size_t segment_elems(const collective_options& o) {
 }
 
 inline std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
+
+/// Validates tensor t for a collective: contiguous (no strided view), a
+/// non-null pointer when it has elements, a byte size that fits std::size_t.
+/// @throws dpkit::invalid_argument naming the operation, rank and tensor.
+template <tensor Tn>
+void check_tensor(const op_context& ctx, const Tn& t, const char* which) {
+  using T = tensor_value_t<Tn>;
+  if (!runtime_contiguous(t)) ctx.invalid(std::string(which) + " tensor is a strided (non-contiguous) view");
+  const std::size_t n = size_of(t);
+  if (n > std::numeric_limits<std::size_t>::max() / sizeof(T))
+    ctx.invalid(std::string(which) + " tensor has " + std::to_string(n) + " elements of " + std::to_string(sizeof(T)) +
+                " bytes: the byte size overflows");
+  if (n > 0 && traits_of<Tn>::data(const_cast<bare_t<Tn>&>(t)) == nullptr)
+    ctx.invalid(std::string(which) + " tensor has " + std::to_string(n) + " elements but a null data pointer");
+}
 
 /// Resolves (in, out) tensors into typed pointers after validating spaces and
 /// lengths. `expected_out` is the required out size given the input size.
@@ -216,6 +323,8 @@ auto resolve_inout(const C& comm, const op_context& ctx, const In& in, Out& out,
   static_assert(std::is_same_v<T, tensor_value_t<Out>>, "dpkit: input and output tensors must have the same element type");
   static_check_space<C, In>();
   static_check_space<C, Out>();
+  check_tensor(ctx, in, in_name);
+  check_tensor(ctx, out, out_name);
   const memory_space si = space_of(in), so = space_of(out);
   check_space(comm, ctx, si, in_name);
   check_space(comm, ctx, so, out_name);
@@ -233,6 +342,7 @@ auto resolve_inout(const C& comm, const op_context& ctx, const In& in, Out& out,
 /// (count x n elements, a movable memory space) and returns (data, count).
 template <class C, tensor Tn>
 auto resolve_chunked_inplace(const C& comm, const op_context& ctx, Tn& t) {
+  check_tensor(ctx, t, "tensor");
   const std::size_t total = size_of(t), n = static_cast<std::size_t>(ctx.size);
   if (total % n != 0)
     ctx.invalid("tensor has " + std::to_string(total) + " elements, not a multiple of the world size " +
@@ -252,6 +362,7 @@ auto resolve_broadcast(const C& comm, const op_context& ctx, const In& in, Out& 
   check_root(ctx, root, comm);
   if (ctx.rank == root) return resolve_inout(comm, ctx, in, out, size_of(in));
   static_check_space<C, Out>();
+  check_tensor(ctx, out, "output");
   check_space(comm, ctx, space_of(out), "output");
   return std::pair<const T*, T*>{nullptr, as_span(out).data()};
 }
@@ -265,16 +376,37 @@ auto resolve_reduce(const C& comm, const op_context& ctx, const In& in, Out& out
   check_root(ctx, root, comm);
   if (ctx.rank == root) return resolve_inout(comm, ctx, in, out, size_of(in));
   static_check_space<C, In>();
+  check_tensor(ctx, in, "input");
   check_space(comm, ctx, space_of(in), "input");
   return std::pair<const T*, T*>{as_span(in).data(), nullptr};
 }
 
-/// Runs f(comm) when the transport has native collectives (algorithm::native);
-/// otherwise throws dpkit::invalid_argument naming the operation and rank.
+/// Runs f(comm), the transport's native collective (algorithm::native), as a
+/// checked collective: numbered, under the deadline (transports that take a
+/// native_call: mpi), preceded by the fingerprint agreement step when
+/// o.check; otherwise throws dpkit::invalid_argument naming the
+/// operation and rank.
 template <class C, class F>
-void call_native(C& comm, const op_context& ctx, F&& f) {
-  if constexpr (native_collectives<C>) f(comm);
-  else ctx.invalid("algorithm::native requested but this transport has no native collectives");
+void call_native(C& comm, const op_context& ctx, coll_kind kind, element_type t, std::size_t count,
+                 std::optional<reduce_op> op, int root, const collective_options& o, F&& f) {
+  if constexpr (native_collectives<C>) {
+    collective_scope<C> S(comm, ctx, kind, "native", t, count, op, root, o);
+    S.guard([&] {
+      if constexpr (requires { comm.begin_native(native_call{}); }) {
+        struct reset_call {
+          C& c;
+          ~reset_call() { c.begin_native(native_call{}); } // direct native_* calls stay blocking
+        } reset{comm};
+        S.agree_if(o.check);
+        comm.begin_native(native_call{S.due(), S.fp(), o.native_deadline});
+        f(comm);
+      } else {
+        f(comm);
+      }
+    });
+  } else {
+    ctx.invalid("algorithm::native requested but this transport has no native collectives");
+  }
 }
 
 /// Throws dpkit::invalid_argument: algorithm `a` does not exist for this

@@ -11,16 +11,16 @@ template <transport C, element T>
 void reduce_scatter_ring_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t count, reduce_op op,
                              const collective_options& o, const local_ops<T>& L) {
   const int n = ctx.size, r = ctx.rank;
+  collective_scope<C> S(comm, ctx, coll_kind::reduce_scatter, "ring", element_type_of_v<T>, count, op, -1, o);
   if (count == 0) return;
   if (n == 1) {
     L.copy(out, in, count);
     return;
   }
-  const deadline dl = deadline_after(o.timeout);
   const std::size_t seg = segment_elems<T>(o), slot = std::min(seg, count);
   const std::size_t depth = static_cast<std::size_t>(std::max(1, o.pipeline_depth));
   const std::size_t nseg = ceil_div(count, seg);
-  const int right = mod(r + 1, n), left = mod(r - 1, n), tag = tag_of(o, tag_offset::reduce_scatter_ring);
+  const int right = mod(r + 1, n), left = mod(r - 1, n), tag = S.tag(tag_offset::reduce_scatter_ring);
   const std::size_t items = static_cast<std::size_t>(n - 1) * nseg;
   auto len = [&](std::size_t j) { return std::min(seg, count - j * seg); };
   auto chunk = [&](int c) { return static_cast<std::size_t>(c) * count; };
@@ -47,7 +47,7 @@ void reduce_scatter_ring_raw(C& comm, const op_context& ctx, const T* in, T* out
     // Step 0 sends chunk r-1 straight from the input, just before this
     // segment's later steps, so sends leave in the receiver's item order.
     if (t == 0) first_sends.push_back(comm.isend(bytes_of(in + chunk(mod(r - 1, n)) + j * seg, len(j)), right, tag));
-    wait_ctx(recvs[i], dl, ctx);
+    S.wait(recvs[i]);
     const T* mine = in + chunk(c) + j * seg;
     const T* got = recv_slots.data() + (i % depth) * slot;
     if (t == n - 2) {
@@ -58,7 +58,7 @@ void reduce_scatter_ring_raw(C& comm, const op_context& ctx, const T* in, T* out
     } else {
       // The k-th staged item uses stage slot k % depth (final-step items
       // skip the stage, so k counts staged items, not i).
-      if (staged >= depth) wait_ctx(stage_send[staged - depth], dl, ctx);
+      if (staged >= depth) S.wait(stage_send[staged - depth]);
       T* st = stage.data() + (staged % depth) * slot;
       L.reduce(st, mine, got, len(j), op);
       L.sync();
@@ -66,8 +66,8 @@ void reduce_scatter_ring_raw(C& comm, const op_context& ctx, const T* in, T* out
       stage_send[staged++] = comm.isend(bytes_of(static_cast<const T*>(st), len(j)), right, tag);
     }
   }
-  wait_all_ctx(first_sends, dl, ctx);
-  wait_all_ctx(stage_send, dl, ctx);
+  S.wait_all(first_sends);
+  S.wait_all(stage_send);
 }
 
 } // namespace dpkit::detail

@@ -1,5 +1,5 @@
 // dpkit internals: the message tags of every algorithm, in one place. A
-// collective with options o uses tags [o.tag, o.tag + tag_span); each
+// collective uses tags [base, base + tag_span); each
 // algorithm owns one offset so two algorithms never match each other's
 // messages. Not for users.
 #pragma once
@@ -21,7 +21,9 @@ enum class tag_offset : int {
 /// Number of tags a collective may use from its base tag.
 inline constexpr int tag_span = 8;
 
-/// The tag of algorithm part `t` for a collective with options o.
-inline int tag_of(const collective_options& o, tag_offset t) noexcept { return o.tag + static_cast<int>(t); }
+// A collective's tag base is options.tag on unchecked transports, and on
+// checked ones (transport/detail/health.hpp) a value that also carries the
+// sequence number and the fingerprint hash; collective_scope::tag(t) (in
+// common.hpp) adds the offset.
 
 } // namespace dpkit::detail

@@ -24,13 +24,19 @@ template <transport C, element T>
 void tree_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t count, reduce_op op, int root,
               tree_mode mode, const collective_options& o, const local_ops<T>& L) {
   const int n = ctx.size, r = ctx.rank;
+  const coll_kind kind = mode == tree_mode::allreduce ? coll_kind::allreduce
+                         : mode == tree_mode::reduce  ? coll_kind::reduce
+                                                      : coll_kind::broadcast;
+  collective_scope<C> S(comm, ctx, kind, "tree", element_type_of_v<T>, count,
+                        mode == tree_mode::broadcast ? std::nullopt : std::optional<reduce_op>(op),
+                        mode == tree_mode::allreduce ? -1 : root, o);
+  if (mode != tree_mode::allreduce) S.agree_if(o.check); // send-only ranks cannot see a mismatch otherwise
   if (count == 0) return;
   const bool is_root = r == root;
   if (n == 1) {
     L.copy(out, in, count);
     return;
   }
-  const deadline dl = deadline_after(o.timeout);
   const int v = mod(r - root, n);
   auto real = [&](int x) { return mod(x + root, n); };
   const int parent = v == 0 ? -1 : real((v - 1) / 2);
@@ -43,7 +49,7 @@ void tree_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t c
   const std::size_t depth = static_cast<std::size_t>(std::max(1, o.pipeline_depth));
   const std::size_t nseg = ceil_div(count, seg);
   const std::size_t slot = std::min(seg, count);
-  const int tag_up = tag_of(o, tag_offset::tree_up), tag_down = tag_of(o, tag_offset::tree_down);
+  const int tag_up = S.tag(tag_offset::tree_up), tag_down = S.tag(tag_offset::tree_down);
   const bool do_up = mode != tree_mode::broadcast, do_down = mode != tree_mode::reduce;
   auto len = [&](std::size_t j) { return std::min(seg, count - j * seg); };
 
@@ -97,13 +103,13 @@ void tree_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t c
       bool ready = true;
       for (int c = 0; c < nchild && ready; ++c) ready = up_recv(j, c).test();
       if (ready) {
-        for (int c = 0; c < nchild; ++c) wait_ctx(up_recv(j, c), dl, ctx);
+        for (int c = 0; c < nchild; ++c) S.wait(up_recv(j, c));
         const T* src = in + j * seg;
         const T* acc = src;
         if (nchild > 0) {
           T* dst;
           if (staging) {
-            if (j >= depth) wait_ctx(up_send(j - depth), dl, ctx);
+            if (j >= depth) S.wait(up_send(j - depth));
             dst = stage.data() + (j % depth) * slot;
           } else {
             dst = out + j * seg;
@@ -136,7 +142,7 @@ void tree_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t c
       } else {
         post_down();
         if (j < down_posted && down_recv(j).test()) {
-          wait_ctx(down_recv(j), dl, ctx);
+          S.wait(down_recv(j));
           for (int c = 0; c < nchild; ++c)
             down_send(j, c) = comm.isend(bytes_of(out + j * seg, len(j)), child[static_cast<std::size_t>(c)], tag_down);
           ++down_done;
@@ -149,15 +155,15 @@ void tree_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t c
       // Block on something that must complete: children always finish their
       // up-phase independently of us, the parent its down-phase.
       if (up_done < nseg) {
-        for (int c = 0; c < nchild; ++c) wait_ctx(up_recv(up_done, c), dl, ctx);
+        for (int c = 0; c < nchild; ++c) S.wait(up_recv(up_done, c));
       } else if (down_done < nseg && !is_root) {
         const std::size_t j = down_done;
-        if (j < down_posted) wait_ctx(down_recv(j), dl, ctx);
-        else wait_ctx(up_send(j), dl, ctx);
+        if (j < down_posted) S.wait(down_recv(j));
+        else S.wait(up_send(j));
       }
     }
   }
-  for (auto& q : pool) wait_ctx(q, dl, ctx); // sends still in flight (completed ones return at once)
+  for (auto& q : pool) S.wait(q); // sends still in flight (completed ones return at once)
 }
 
 } // namespace dpkit::detail
