@@ -47,11 +47,14 @@ inline std::chrono::milliseconds env_default_timeout() {
   return v;
 }
 
-/// Full checking (collective_options::check): DPKIT_CHECK=1 turns it on
-/// (default off: it costs one small all-gather per checked call, about
-/// doubling the latency of an 8-byte native all-reduce). Read once per process.
-inline bool env_check() {
-  static const bool v = detail::parse_flag(std::getenv("DPKIT_CHECK"), false);
+/// The checking level (collective_options::check) from DPKIT_CHECK: 0 off,
+/// 1 tags (the default), 2 full. Read once per process.
+inline int env_check() {
+  static const int v = [] {
+    const char* s = std::getenv("DPKIT_CHECK");
+    if (s && s[0] >= '0' && s[0] <= '2' && s[1] == '\0') return s[0] - '0';
+    return 1;
+  }();
   return v;
 }
 
@@ -76,15 +79,17 @@ struct collective_options {
   /// transports, NCCL) messages use tags [tag, tag + 8). Tags 0-7 are
   /// reserved.
   int tag = 0x6470; // "dp"
-  /// Full checking: calls whose mismatch the message tags cannot reveal
-  /// first agree on a fingerprint across ranks (one extra small all-gather on
-  /// transports that offer it: dpkit::mpi), so they throw
-  /// dpkit::mismatch_error instead of corrupting or hanging: native
-  /// collectives (MPI matches them by order alone) and the rooted tree
+  /// Checking level (docs/reliability.md). 1 (default): on checked
+  /// transports (inproc, mpi) every message's tag carries the collective's
+  /// sequence number and fingerprint, so a peer running another collective
+  /// throws mismatch_error instead of matching: no extra message. 2 (full):
+  /// also, calls whose mismatch the tags cannot reveal first agree on a
+  /// fingerprint across ranks (one small all-gather, dpkit::mpi): native
+  /// collectives (MPI matches them by order alone) and rooted tree
   /// collectives (a broadcast whose ranks name different roots only sends).
-  /// Default: env_check() (DPKIT_CHECK). dpkit's algorithms check everything
-  /// else always, at no extra message (docs/reliability.md).
-  bool check = env_check();
+  /// 0: off (plain tags; for measuring the cost). Default: env_check()
+  /// (DPKIT_CHECK=0|1|2).
+  int check = env_check();
   /// Native collectives run as non-blocking MPI collectives waited against
   /// the deadline (true, the default), or as the blocking call (false: no
   /// deadline, but Open MPI's fastest blocking algorithms, coll/tuned or

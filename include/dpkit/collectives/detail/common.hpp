@@ -208,7 +208,7 @@ public:
       auto& h = comm.health();
       h.check(ctx.name, ctx.rank);
       fp_ = h.begin(fp_);
-      if (h.tags_enabled) tag_base_ = checked_tag_base(fp_.seq, fp_.hash());
+      if (h.tags_enabled && o.check >= 1) tag_base_ = checked_tag_base(fp_.seq, fp_.hash());
     }
   }
   collective_scope(const collective_scope&) = delete;
@@ -252,12 +252,12 @@ public:
       fail_with<error>(describe() + ": " + e.what());
     }
   }
-  /// The agreement step (collective_options::check) when `on` and the
+  /// The agreement step (collective_options::check == 2) when asked and the
   /// transport offers one: every rank all-gathers its fingerprint and a
   /// difference throws mismatch_error on every rank.
-  void agree_if(bool on) {
+  void agree_if(int level) {
     if constexpr (checked_transport<C> && requires { comm_.agree(fp_, dl_); }) {
-      if (on) guard([&] { comm_.agree(fp_, dl_); });
+      if (level >= 2) guard([&] { comm_.agree(fp_, dl_); });
     }
   }
   /// Waits every request of rs (then clears rs).
