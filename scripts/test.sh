@@ -4,13 +4,27 @@
 # odr) with meson test. GPU tests report SKIP without a device.
 #   scripts/test.sh              release build in build/
 #   scripts/test.sh --sanitize   -Db_sanitize=address,undefined build in build-asan/
+#   scripts/test.sh --tsan       clang-14 ThreadSanitizer build in build-tsan/ of the
+#                                threaded suites (inproc collectives, fusion; no MPI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 . scripts/env.sh
 builddir=build
 opts=(--buildtype=release)
-if [ "${1:-}" = "--sanitize" ]; then
+suites=()
+if [ "${1:-}" = "--tsan" ]; then
+  builddir=build-tsan
+  export CC=clang-14 CXX=clang++-14
+  opts=(--buildtype=debug -Doptimization=1 -Db_sanitize=thread -Db_lundef=false
+        -Dcuda=disabled -Dbenchmarks=disabled -Dexamples=disabled -Dtorch=disabled)
+  export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
+  # inproc ranks are threads: every collective suite and the fusion reducer
+  # (its communication thread); the MPI suites are left to ASan (Open MPI's
+  # own shared-memory transport is not TSan-clean).
+  suites=(--suite collectives --suite fusion --no-suite mpi)
+  targets=()
+elif [ "${1:-}" = "--sanitize" ]; then
   builddir=build-asan
   # Only the test suite is checked under the sanitizers: no benchmarks,
   # examples or nvcc objects (GPU tests skip without a device anyway), -O1.
@@ -23,5 +37,16 @@ if [ -d "$builddir/meson-info" ]; then
 else
   meson setup "$builddir" "${opts[@]}"
 fi
-ninja -C "$builddir"
-meson test -C "$builddir" --print-errorlogs --num-processes 2
+if [ ${#suites[@]} -gt 0 ]; then
+  # only what the chosen suites run
+  mapfile -t targets < <(meson introspect "$builddir" --tests | python3 -c '
+import json, sys
+want = {"collectives", "fusion"}
+for t in json.load(sys.stdin):
+    if set(t["suite"]) & {"dpkit:" + w for w in want} and not any(x.endswith(":mpi") for x in t["suite"]):
+        print(t["cmd"][0])')
+  ninja -C "$builddir" "${targets[@]#$PWD/$builddir/}"
+else
+  ninja -C "$builddir"
+fi
+meson test -C "$builddir" --print-errorlogs --num-processes 2 "${suites[@]}"
