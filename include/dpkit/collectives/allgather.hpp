@@ -23,7 +23,9 @@ void allgather(C& comm, const In& in, Out&& out, algorithm a = algorithm::automa
   const auto ctx = detail::make_context(comm, "allgather_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
   const std::size_t count = size_of(in);
-  const auto [ip, outp] = detail::resolve_inout(comm, ctx, in, out, count * static_cast<std::size_t>(ctx.size));
+  const auto ip_outp = detail::resolve_inout(comm, ctx, in, out, count * static_cast<std::size_t>(ctx.size));
+  const auto ip = ip_outp.first;
+  const auto outp = ip_outp.second;
   detail::call_native(comm, ctx, detail::coll_kind::allgather, element_type_of_v<T>, count, std::nullopt, -1, o,
                       [&](auto& c) { c.native_allgather(ip, outp, count, element_type_of_v<T>); });
 }
@@ -37,7 +39,9 @@ void allgather(C& comm, Tn&& t, algorithm a = algorithm::automatic, const collec
   if (a == algorithm::automatic || a == algorithm::ring) return allgather_ring(comm, t, o);
   const auto ctx = detail::make_context(comm, "allgather_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
-  const auto [p, count] = detail::resolve_chunked_inplace(comm, ctx, t);
+  const auto p_count = detail::resolve_chunked_inplace(comm, ctx, t);
+  const auto p = p_count.first;
+  const auto count = p_count.second;
   const T* own = p + static_cast<std::size_t>(ctx.rank) * count;
   detail::call_native(comm, ctx, detail::coll_kind::allgather, element_type_of_v<T>, count, std::nullopt, -1, o,
                       [&](auto& c) { c.native_allgather(own, p, count, element_type_of_v<T>); });

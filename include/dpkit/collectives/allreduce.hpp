@@ -25,7 +25,9 @@ void allreduce(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum, 
   case algorithm::tree: allreduce_tree(comm, in, out, op, o); return;
   case algorithm::native: {
     const auto ctx = detail::make_context(comm, "allreduce_native");
-    const auto [ip, outp] = detail::resolve_inout(comm, ctx, in, out, size_of(in));
+    const auto ip_outp = detail::resolve_inout(comm, ctx, in, out, size_of(in));
+    const auto ip = ip_outp.first;
+    const auto outp = ip_outp.second;
     detail::call_native(comm, ctx, detail::coll_kind::allreduce, element_type_of_v<T>, size_of(in), op, -1, o,
                         [&](auto& c) { c.native_allreduce(ip, outp, size_of(in), element_type_of_v<T>, op); });
     return;

@@ -24,7 +24,9 @@ void broadcast(C& comm, const In& in, Out&& out, int root = 0, algorithm a = alg
   if (a == algorithm::automatic || a == algorithm::tree) return broadcast_tree(comm, in, out, root, o);
   const auto ctx = detail::make_context(comm, "broadcast_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
-  const auto [ip, outp] = detail::resolve_broadcast(comm, ctx, in, out, root);
+  const auto ip_outp = detail::resolve_broadcast(comm, ctx, in, out, root);
+  const auto ip = ip_outp.first;
+  const auto outp = ip_outp.second;
   detail::call_native(comm, ctx, detail::coll_kind::broadcast, element_type_of_v<T>, size_of(out), std::nullopt, root, o,
                       [&](auto& c) { c.native_broadcast(ip ? ip : outp, outp, size_of(out), element_type_of_v<T>, root); });
 }

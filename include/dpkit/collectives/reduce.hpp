@@ -24,7 +24,9 @@ void reduce(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum, int
   if (a == algorithm::automatic || a == algorithm::tree) return reduce_tree(comm, in, out, op, root, o);
   const auto ctx = detail::make_context(comm, "reduce_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
-  const auto [ip, outp] = detail::resolve_reduce(comm, ctx, in, out, root);
+  const auto ip_outp = detail::resolve_reduce(comm, ctx, in, out, root);
+  const auto ip = ip_outp.first;
+  const auto outp = ip_outp.second;
   detail::call_native(comm, ctx, detail::coll_kind::reduce, element_type_of_v<T>, size_of(in), op, root, o,
                       [&](auto& c) { c.native_reduce(ip, outp, size_of(in), element_type_of_v<T>, op, root); });
 }

@@ -29,7 +29,9 @@ void reduce_scatter(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::
   if (total % n != 0)
     ctx.invalid("input has " + std::to_string(total) + " elements, not a multiple of the world size " +
                 std::to_string(n));
-  const auto [ip, outp] = detail::resolve_inout(comm, ctx, in, out, total / n);
+  const auto ip_outp = detail::resolve_inout(comm, ctx, in, out, total / n);
+  const auto ip = ip_outp.first;
+  const auto outp = ip_outp.second;
   detail::call_native(comm, ctx, detail::coll_kind::reduce_scatter, element_type_of_v<T>, total / n, op, -1, o,
                       [&](auto& c) { c.native_reduce_scatter(ip, outp, total / n, element_type_of_v<T>, op); });
 }
@@ -44,7 +46,9 @@ void reduce_scatter(C& comm, Tn&& t, reduce_op op = reduce_op::sum, algorithm a 
   if (a == algorithm::automatic || a == algorithm::ring) return reduce_scatter_ring(comm, t, op, o);
   const auto ctx = detail::make_context(comm, "reduce_scatter_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
-  const auto [p, count] = detail::resolve_chunked_inplace(comm, ctx, t);
+  const auto p_count = detail::resolve_chunked_inplace(comm, ctx, t);
+  const auto p = p_count.first;
+  const auto count = p_count.second;
   T* own = p + static_cast<std::size_t>(ctx.rank) * count;
   detail::call_native(comm, ctx, detail::coll_kind::reduce_scatter, element_type_of_v<T>, count, op, -1, o,
                       [&](auto& c) { c.native_reduce_scatter(p, own, count, element_type_of_v<T>, op); });
