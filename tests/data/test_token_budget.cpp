@@ -66,7 +66,7 @@ void check_invariants(const Lengths& lengths, std::uint64_t world, const dpkit::
       REQUIRE(s.batch_id(step, r) == s0.batch_id(step, r));
       const auto batch = s.batch(step);
       REQUIRE(!batch.empty());
-      REQUIRE(std::equal(batch.begin(), batch.end(), s0.batch(step, r).begin(), s0.batch(step, r).end()));
+      REQUIRE(batch == s0.batch(step, r));
       if (s.is_padding(step))
         ++pads;
       else
@@ -154,20 +154,19 @@ TEST_CASE("token_budget_batch_sampler: resume at step k equals the tail of a ful
     dpkit::token_budget_batch_sampler full(lengths, 4, rank, o);
     full.set_epoch(3);
     std::vector<std::vector<std::uint64_t>> run;
-    for (std::uint64_t s = 0; s < full.num_batches(); ++s) run.emplace_back(full.batch(s).begin(), full.batch(s).end());
+    for (std::uint64_t s = 0; s < full.num_batches(); ++s) run.push_back(full.batch(s));
     // a fresh sampler (e.g. after a restart) resumes at step k
     const std::uint64_t k = full.num_batches() / 3;
     dpkit::token_budget_batch_sampler resumed(lengths, 4, rank, o);
     resumed.set_epoch(3);
     for (std::uint64_t s = k; s < resumed.num_batches(); ++s) {
-      const auto b = resumed.at(s);
-      REQUIRE(std::vector<std::uint64_t>(b.begin(), b.end()) == run[s]);
+      REQUIRE(resumed.at(s) == run[s]);
     }
     CHECK_THROWS_AS((void)resumed.at(resumed.num_batches()), dpkit::invalid_argument);
     resumed.set_epoch(4);
     bool differs = resumed.num_batches() != run.size();
     for (std::uint64_t s = 0; !differs && s < run.size(); ++s)
-      differs = std::vector<std::uint64_t>(resumed.batch(s).begin(), resumed.batch(s).end()) != run[s];
+      differs = resumed.batch(s) != run[s];
     CHECK(differs);
   }
 }
@@ -225,8 +224,7 @@ TEST_CASE("token_budget_batch_sampler: greedy packing equals a direct reference 
   }
   REQUIRE(s.total_batches() == ref.size());
   for (std::uint64_t b = 0; b < ref.size(); ++b) {
-    const auto pb = s.plan_batch(b);
-    REQUIRE(std::vector<std::uint64_t>(pb.begin(), pb.end()) == ref[b]);
+    REQUIRE(s.plan_batch(b) == ref[b]);
   }
   // round-robin like the seed: step k of rank r is plan batch k * world + r
   for (std::uint64_t step = 0; step + 1 < s.num_batches(); ++step) CHECK(s.batch_id(step, 1) == step * world + 1);
