@@ -98,7 +98,8 @@ struct token_budget_options {
   /// offset o on W ranks resumes on any W' with set_epoch(epoch, o).
   bool elastic = false;
   /// Threads that build the plan (count batches per buffer); 0 = all hardware
-  /// threads (std::thread::hardware_concurrency()). The plan does not depend on it.
+  /// threads (std::thread::hardware_concurrency()), at most 16. Each uses 24 MiB
+  /// of scratch while planning. The plan does not depend on it.
   unsigned threads = 0;
 };
 
@@ -142,8 +143,12 @@ struct batch_packer {
 inline constexpr std::uint64_t counting_sort_max_key = std::uint64_t{1} << 16;
 
 /// Samples per block of the plan's gather (bounded: the plan's memory does not
-/// grow with N): about 20 bytes each per plan thread.
-inline constexpr std::uint64_t block_samples = std::uint64_t{1} << 21;
+/// grow with N): 24 bytes each, so 24 MiB per plan thread.
+inline constexpr std::uint64_t block_samples = std::uint64_t{1} << 20;
+
+/// Plan threads when token_budget_options::threads is 0: all hardware threads,
+/// at most this many (the plan is memory-bound; more threads add scratch, not speed).
+inline constexpr unsigned max_default_plan_threads = 16;
 
 /// The plan's gather sorts a block's indices into 2^gather_bucket_bits buckets
 /// by their top bits before reading their lengths.
@@ -601,7 +606,8 @@ private:
     // over the threads (chunk boundaries do not change the result)
     const std::uint64_t nbuf = (n_ + buffer_ - 1) / buffer_;
     std::vector<std::uint64_t> counts(nbuf + 1, 0);
-    unsigned threads = opt_.threads != 0 ? opt_.threads : std::max(1u, std::thread::hardware_concurrency());
+    unsigned threads = opt_.threads != 0 ? opt_.threads
+                                         : std::clamp(std::thread::hardware_concurrency(), 1u, detail::max_default_plan_threads);
     threads = static_cast<unsigned>(std::max<std::uint64_t>(1, std::min<std::uint64_t>(threads, nbuf / 16)));
     struct totals {
       std::uint64_t kept = 0, skipped = 0, truncated = 0;
