@@ -4,7 +4,7 @@
 // does not depend on the number of plan threads; elastic resume (4 -> 2 ranks)
 // continues the same global sequence; distributed_sampler's evaluation mode
 // reads every sample exactly once; feistel's bulk fill equals its lookups.
-#include "data_test_util.hpp"
+#include "sampler_test_util.hpp"
 
 #include <dpkit/data/distributed_sampler.hpp>
 #include <dpkit/data/jsonl_index.hpp>
@@ -151,57 +151,37 @@ void check_against_v01(const Lengths& lengths, std::uint64_t world, dpkit::token
     }
 }
 
-std::vector<std::uint32_t> lognormal_lengths(std::size_t n, std::uint32_t seed) {
-  std::mt19937 g(seed);
-  std::lognormal_distribution<double> d(4.5, 1.0);
-  std::vector<std::uint32_t> v(n);
-  for (auto& x : v) x = static_cast<std::uint32_t>(std::min(1e6, d(g)));
-  return v;
-}
-
 } // namespace
 
 TEST_CASE("token_budget_batch_sampler equals dpkit 0.1's plan batch for batch (synthetic lengths)") {
-  auto lengths = lognormal_lengths(12000, 21);
+  auto lengths = sampler_test::synthetic_lengths(12000, 21);
   lengths[17] = dpkit::missing_length; // a line without a length
   lengths[5000] = dpkit::missing_length;
-  for (std::uint64_t world : {1ull, 2ull, 3ull, 8ull}) {
-    for (auto shuffle_with : {dpkit::sample_shuffle::torch_randperm, dpkit::sample_shuffle::feistel}) {
-      CAPTURE(world);
-      dpkit::token_budget_options o;
-      o.max_tokens = 4096;
-      o.max_sample_tokens = 1024;
-      o.sort_size = 96;
-      o.shuffle_with = shuffle_with;
-      o.seed = 5;
-      check_against_v01(lengths, world, o, 0);
-      check_against_v01(lengths, world, o, 2);
-      o.balance = dpkit::rank_balance::drop;
-      o.oversize = dpkit::oversize_policy::truncate;
-      check_against_v01(lengths, world, o, 1);
-      o.batch_size_multiple = 8;
-      o.max_batch_size = 37;
-      check_against_v01(lengths, world, o, 1);
-      o.type = dpkit::batch_type::examples;
-      o.max_tokens = 16;
-      o.max_sample_tokens = 100000; // over the counting-sort bound: the comparison sort path
-      check_against_v01(lengths, world, o, 3);
-      o = {};
-      o.shuffle = false;
-      o.shuffle_batches = false;
-      o.max_batch_size = 7;
-      check_against_v01(lengths, world, o, 0);
-      o.shuffle = true;
-      o.elastic = true;
-      o.sort_size = 333;
-      check_against_v01(lengths, world, o, 4);
-      o.shuffle_batches = true;
-      o.max_sample_tokens = 70000; // limit over the counting bound, tokens
-      o.max_tokens = 200000;
-      o.oversize = dpkit::oversize_policy::truncate;
-      check_against_v01(lengths, world, o, 4);
-    }
-  }
+  using dpkit::batch_type, dpkit::oversize_policy, dpkit::rank_balance;
+  struct config {
+    dpkit::token_budget_options options;
+    std::uint64_t epoch;
+  };
+  // max_sample_tokens over 2^16 takes the comparison-sort path instead of the counting sort
+  const std::vector<config> configs = {
+      {{.max_tokens = 4096, .max_sample_tokens = 1024, .sort_size = 96, .seed = 5}, 0},
+      {{.max_tokens = 4096, .max_sample_tokens = 1024, .sort_size = 96, .seed = 5}, 2},
+      {{.max_sample_tokens = 1024, .oversize = oversize_policy::truncate, .sort_size = 96, .balance = rank_balance::drop}, 1},
+      {{.max_batch_size = 37, .oversize = oversize_policy::truncate, .sort_size = 96, .batch_size_multiple = 8}, 1},
+      {{.max_tokens = 16, .type = batch_type::examples, .max_sample_tokens = 100000, .sort_size = 96}, 3},
+      {{.max_batch_size = 7, .shuffle = false, .shuffle_batches = false}, 0},
+      {{.max_batch_size = 7, .sort_size = 333, .shuffle_batches = false, .elastic = true}, 4},
+      {{.max_tokens = 200000, .max_sample_tokens = 70000, .oversize = oversize_policy::truncate, .sort_size = 333, .elastic = true}, 4},
+  };
+  for (std::uint64_t world : {1ull, 2ull, 3ull, 8ull})
+    for (auto order : {dpkit::sample_shuffle::torch_randperm, dpkit::sample_shuffle::feistel})
+      for (std::size_t c = 0; c < configs.size(); ++c) {
+        CAPTURE(world);
+        CAPTURE(c);
+        auto o = configs[c].options;
+        o.shuffle_with = order;
+        check_against_v01(lengths, world, o, configs[c].epoch);
+      }
   // uint64 lengths from a callable, some above 2^32 (sorted after missing ones)
   std::vector<std::uint64_t> wide(3000);
   std::mt19937_64 g(3);
@@ -214,13 +194,7 @@ TEST_CASE("token_budget_batch_sampler equals dpkit 0.1's plan batch for batch (s
 }
 
 TEST_CASE("token_budget_batch_sampler equals dpkit 0.1's plan batch for batch (real corpus lengths)") {
-  const auto idxp = data_test::tmp_dir() / "scale-debian.idx";
-  dpkit::jsonl_index_build_options bo;
-  bo.length_column = dpkit::json_length_column("num_tokens");
-  dpkit::build_jsonl_index(data_test::corpus(), idxp, bo);
-  dpkit::jsonl_index_open_options oo;
-  oo.index_path = idxp;
-  const auto idx = dpkit::jsonl_index::open(data_test::corpus(), oo);
+  const sampler_test::corpus_index idx("scale-debian.idx");
   const auto lengths = idx.lengths();
   REQUIRE(lengths.size() == 63956);
   for (std::uint64_t world : {1ull, 4ull}) {
@@ -234,11 +208,10 @@ TEST_CASE("token_budget_batch_sampler equals dpkit 0.1's plan batch for batch (r
     o.elastic = true;
     check_against_v01(lengths, world, o, 1);
   }
-  std::filesystem::remove(idxp);
 }
 
 TEST_CASE("token_budget_batch_sampler: the plan does not depend on the plan threads; errors name the first sample in plan order") {
-  auto lengths = lognormal_lengths(60000, 8);
+  auto lengths = sampler_test::synthetic_lengths(60000, 8);
   dpkit::token_budget_options o;
   o.sort_size = 32;
   o.shuffle_with = dpkit::sample_shuffle::feistel;
@@ -271,7 +244,7 @@ TEST_CASE("token_budget_batch_sampler: the plan does not depend on the plan thre
 }
 
 TEST_CASE("token_budget_batch_sampler elastic: 4 ranks to 2 continues the same global batch sequence") {
-  const auto lengths = lognormal_lengths(20000, 4);
+  const auto lengths = sampler_test::synthetic_lengths(20000, 4);
   for (auto balance : {dpkit::rank_balance::pad, dpkit::rank_balance::drop}) {
     dpkit::token_budget_options o;
     o.elastic = true;

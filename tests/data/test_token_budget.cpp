@@ -1,5 +1,5 @@
 // Tests of dpkit/data/token_budget_sampler.hpp.
-#include "data_test_util.hpp"
+#include "sampler_test_util.hpp"
 
 #include <dpkit/data/jsonl_index.hpp>
 #include <dpkit/data/jsonl_length_column.hpp>
@@ -12,14 +12,6 @@
 #include <vector>
 
 namespace {
-
-std::vector<std::uint32_t> synthetic_lengths(std::size_t n, std::uint32_t seed) {
-  std::mt19937 g(seed);
-  std::lognormal_distribution<double> d(4.5, 1.0);
-  std::vector<std::uint32_t> v(n);
-  for (auto& x : v) x = static_cast<std::uint32_t>(std::min(1e6, d(g)));
-  return v;
-}
 
 /// Checks the sampler's invariants over all ranks of one epoch.
 template <class Lengths>
@@ -85,7 +77,7 @@ void check_invariants(const Lengths& lengths, std::uint64_t world, const dpkit::
 } // namespace
 
 TEST_CASE("token_budget_batch_sampler: invariants on synthetic lengths") {
-  const auto lengths = synthetic_lengths(20000, 1);
+  const auto lengths = sampler_test::synthetic_lengths(20000, 1);
   for (std::uint64_t world : {1ull, 2ull, 3ull, 8ull}) {
     for (auto balance : {dpkit::rank_balance::pad, dpkit::rank_balance::drop}) {
       CAPTURE(world);
@@ -145,7 +137,7 @@ TEST_CASE("token_budget_batch_sampler: samples over the budget never make a batc
 }
 
 TEST_CASE("token_budget_batch_sampler: resume at step k equals the tail of a full run; epochs differ") {
-  const auto lengths = synthetic_lengths(5000, 7);
+  const auto lengths = sampler_test::synthetic_lengths(5000, 7);
   dpkit::token_budget_options o;
   o.max_tokens = 2048;
   o.sort_size = 64;
@@ -172,7 +164,7 @@ TEST_CASE("token_budget_batch_sampler: resume at step k equals the tail of a ful
 }
 
 TEST_CASE("token_budget_batch_sampler: batch_size_multiple (fairseq)") {
-  const auto lengths = synthetic_lengths(10000, 3);
+  const auto lengths = sampler_test::synthetic_lengths(10000, 3);
   dpkit::token_budget_options o;
   o.max_tokens = 3000;
   o.sort_size = 512;
@@ -190,7 +182,7 @@ TEST_CASE("token_budget_batch_sampler: batch_size_multiple (fairseq)") {
 }
 
 TEST_CASE("token_budget_batch_sampler: greedy packing equals a direct reference (no shuffle)") {
-  const auto lengths = synthetic_lengths(3000, 5);
+  const auto lengths = sampler_test::synthetic_lengths(3000, 5);
   dpkit::token_budget_options o;
   o.max_tokens = 2000;
   o.max_sample_tokens = 1500;
@@ -231,13 +223,7 @@ TEST_CASE("token_budget_batch_sampler: greedy packing equals a direct reference 
 }
 
 TEST_CASE("token_budget_batch_sampler: real corpus lengths (num_tokens column)") {
-  const auto idxp = data_test::tmp_dir() / "tb-debian.idx";
-  dpkit::jsonl_index_build_options bo;
-  bo.length_column = dpkit::json_length_column("num_tokens");
-  dpkit::build_jsonl_index(data_test::corpus(), idxp, bo);
-  dpkit::jsonl_index_open_options oo;
-  oo.index_path = idxp;
-  const auto idx = dpkit::jsonl_index::open(data_test::corpus(), oo);
+  const sampler_test::corpus_index idx("tb-debian.idx");
   const auto lengths = idx.lengths();
   REQUIRE(lengths.size() == 63956);
   dpkit::token_budget_options o;
@@ -252,5 +238,4 @@ TEST_CASE("token_budget_batch_sampler: real corpus lengths (num_tokens column)")
   dpkit::token_budget_batch_sampler c(lengths.size(), [&](std::uint64_t i) { return lengths[i]; }, 4, 0, o);
   REQUIRE(c.num_batches() == s.num_batches());
   for (std::uint64_t k = 0; k < s.num_batches(); ++k) REQUIRE(c.batch_id(k, 0) == s.batch_id(k, 0));
-  std::filesystem::remove(idxp);
 }
