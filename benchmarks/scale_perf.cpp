@@ -52,6 +52,23 @@ double vm_hwm_mib() {
   return -1;
 }
 
+/// kB value of a /proc/self/status field ("RssAnon:", "RssFile:"), in MiB.
+double status_mib(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::size_t len = std::strlen(field);
+  while (std::getline(in, line))
+    if (line.compare(0, len, field) == 0) return std::strtod(line.c_str() + len, nullptr) / 1024.0;
+  return -1;
+}
+
+/// User + system CPU seconds of this process so far (all threads).
+double cpu_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
 /// Length of line i of the generated file: mostly 20..275 tokens, 1 in 64 up to ~4300.
 std::uint32_t line_length(std::uint64_t i) {
   const std::uint64_t r = dpkit::detail::sampler_mix64(i + 0x5eed);
@@ -121,13 +138,14 @@ void generate(const fs::path& path, std::uint64_t n) {
 /// What a forked phase sends back through its pipe.
 struct phase_result {
   double seconds = 0;
-  double value[6] = {0, 0, 0, 0, 0, 0};
+  double value[12] = {};
   char error[200] = {0};
 };
 
 struct phase_report {
   phase_result r;
   double peak_mib = 0; // ru_maxrss of the child
+  double cpu = 0;      // user + system seconds of the child
 };
 
 /// Runs `body` in a forked child; returns its result and peak RSS.
@@ -160,11 +178,12 @@ phase_report run_forked(const std::function<void(phase_result&)>& body) {
     throw std::runtime_error("scale_perf: a phase died (killed for memory?)");
   if (rep.r.error[0] != 0) throw std::runtime_error(rep.r.error);
   rep.peak_mib = static_cast<double>(ru.ru_maxrss) / 1024.0;
+  rep.cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
   return rep;
 }
 
-void row(const char* phase, double seconds, const std::string& ratio, double peak_mib, const std::string& note) {
-  std::printf("| %-34s | %9.2f | %-22s | %9.0f | %s\n", phase, seconds, ratio.c_str(), peak_mib, note.c_str());
+void row(const char* phase, double seconds, double cpu, const std::string& ratio, double peak_mib, const std::string& note) {
+  std::printf("| %-34s | %9.2f | %9.2f | %-26s | %9.0f | %s\n", phase, seconds, cpu, ratio.c_str(), peak_mib, note.c_str());
   std::fflush(stdout);
 }
 
@@ -183,7 +202,7 @@ int main(int argc, char** argv) {
   std::string dir = "/tmp";
   std::uint64_t batches = 4000, world = 1, rank = 0, max_tokens = 4096;
   unsigned plan_threads = 0;
-  bool torch_plan = false, keep_index = false;
+  bool torch_plan = false, keep_index = false, reuse_index = false;
   app.add_option("-n,--lines", n_d, "lines of the generated JSONL (e.g. 2e8, 2e6)")->default_val(2e8);
   app.add_option("-t,--threads", threads, "index build threads")->default_val(1);
   app.add_option("--dir", dir, "directory of the generated file and its index")->default_val("/tmp");
@@ -194,6 +213,7 @@ int main(int argc, char** argv) {
   app.add_option("--plan-threads", plan_threads, "sampler plan threads (0 = all cores)")->default_val(0);
   app.add_flag("--torch-plan", torch_plan, "also plan with sample_shuffle::torch_randperm (the seed's order)");
   app.add_flag("--keep-index", keep_index, "keep the index file afterwards");
+  app.add_flag("--reuse-index", reuse_index, "do not rebuild an existing index (kept by --keep-index); implies --keep-index");
   CLI11_PARSE(app, argc, argv);
   try {
     const auto n = static_cast<std::uint64_t>(n_d);
@@ -207,36 +227,48 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(n), threads, plan_threads ? std::to_string(plan_threads).c_str() : "all",
                 static_cast<unsigned long long>(world), static_cast<unsigned long long>(rank),
                 static_cast<unsigned long long>(max_tokens), std::thread::hardware_concurrency());
-    std::printf("| %-34s | %9s | %-22s | %9s | %s\n", "phase", "time (s)", "ratio", "peak MiB", "notes");
-    std::printf("|%s|%s|%s|%s|%s\n", std::string(36, '-').c_str(), std::string(11, '-').c_str(), std::string(24, '-').c_str(),
-                std::string(11, '-').c_str(), "------");
+    std::printf("# time: wall seconds; cpu: user + system seconds of all threads (the machine may be shared: compare cpu too)\n");
+    std::printf("| %-34s | %9s | %9s | %-26s | %9s | %s\n", "phase", "time (s)", "cpu (s)", "ratio (wall; cpu)", "peak MiB", "notes");
+    std::printf("|%s|%s|%s|%s|%s|%s\n", std::string(36, '-').c_str(), std::string(11, '-').c_str(), std::string(11, '-').c_str(),
+                std::string(28, '-').c_str(), std::string(11, '-').c_str(), "------");
 
     // 1. the file
     const std::uint64_t want = expected_bytes(n);
     std::error_code ec;
     if (fs::is_regular_file(file, ec) && fs::file_size(file) == want) {
-      row("generate (reused)", 0, "", 0, file.string() + ", " + std::to_string(want) + " bytes");
+      row("generate (reused)", 0, 0, "", 0, file.string() + ", " + std::to_string(want) + " bytes");
     } else {
       const auto g = run_forked([&](phase_result& r) {
         const auto t0 = clock_type::now();
         generate(file, n);
         r.seconds = seconds_since(t0);
       });
-      row("generate", g.r.seconds, "", g.peak_mib, file.string() + ", " + std::to_string(want) + " bytes");
+      row("generate", g.r.seconds, g.cpu, "", g.peak_mib, file.string() + ", " + std::to_string(want) + " bytes");
     }
     const double bytes_per_line = static_cast<double>(want) / static_cast<double>(n);
 
     // 2. wc -l (twice: the first warms the page cache, the second is reported)
     const std::string cmd = "wc -l < '" + file.string() + "' > /dev/null";
-    double t_wc = 0;
+    double t_wc = 0, cpu_wc = 0;
     for (int k = 0; k < 2; ++k) {
+      rusage before{}, after{};
+      ::getrusage(RUSAGE_CHILDREN, &before);
       const auto t0 = clock_type::now();
       if (std::system(cmd.c_str()) != 0) throw std::runtime_error("scale_perf: wc -l failed");
       t_wc = seconds_since(t0);
+      ::getrusage(RUSAGE_CHILDREN, &after);
+      const auto secs = [](const rusage& r) {
+        return static_cast<double>(r.ru_utime.tv_sec + r.ru_stime.tv_sec) + 1e-6 * static_cast<double>(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
+      };
+      cpu_wc = secs(after) - secs(before);
     }
-    row("wc -l (subprocess, warm cache)", t_wc, "1.00x", 0, fmt("%.2f GB/s", static_cast<double>(want) / t_wc / 1e9));
+    row("wc -l (subprocess, warm cache)", t_wc, cpu_wc, "1.00x", 0, fmt("%.2f GB/s", static_cast<double>(want) / t_wc / 1e9));
 
     // 3. index build with the length column
+    if (reuse_index) keep_index = true;
+    if (reuse_index && fs::is_regular_file(index, ec)) {
+      row("index build (reused)", 0, 0, "", 0, index.string());
+    } else {
     const auto b = run_forked([&](phase_result& r) {
       dpkit::jsonl_index_build_options o;
       o.threads = threads;
@@ -248,8 +280,10 @@ int main(int argc, char** argv) {
       r.value[1] = static_cast<double>(res.lines);
     });
     if (static_cast<std::uint64_t>(b.r.value[1]) != n) throw std::runtime_error("scale_perf: the index has the wrong line count");
-    row(("index build (-t " + std::to_string(threads) + ")").c_str(), b.r.seconds, fmt("%.2fx wc -l speed", t_wc / b.r.seconds),
+    row(("index build (-t " + std::to_string(threads) + ")").c_str(), b.r.seconds, b.cpu,
+        fmt("%.2fx wc -l speed", t_wc / b.r.seconds) + fmt("; %.2fx", cpu_wc / b.cpu),
         b.peak_mib, fmt("index %.2f B/line", b.r.value[0] / static_cast<double>(n)) + fmt(", source %.2f B/line", bytes_per_line));
+    }
 
     // 4. torch.randperm(N) (dpkit's bit-exact engine, int64 like torch's tensor)
     const auto p = run_forked([&](phase_result& r) {
@@ -259,28 +293,35 @@ int main(int argc, char** argv) {
       r.seconds = seconds_since(t0);
       r.value[0] = static_cast<double>(perm[n / 2]);
     });
-    row("torch.randperm(N) (torch_randperm)", p.r.seconds, "1.00x", p.peak_mib, "the seed's shuffle, one serial pass");
+    row("torch.randperm(N) (torch_randperm)", p.r.seconds, p.cpu, "1.00x", p.peak_mib, "the seed's shuffle, one serial pass");
 
     // 5. one rank: open, plan, random batches
     const auto run_rank = [&](dpkit::sample_shuffle shuffle) {
       return run_forked([&](phase_result& r) {
         const auto t0 = clock_type::now();
+        const double c0 = cpu_seconds();
         dpkit::jsonl_index_open_options oo;
         oo.index_path = index;
         oo.verify_checksum = false; // O(1) open: mapped, not read
         const auto idx = dpkit::jsonl_index::open(file, oo);
         r.value[0] = seconds_since(t0);
         r.value[1] = vm_hwm_mib();
+        r.value[6] = cpu_seconds() - c0;
         dpkit::token_budget_options o;
         o.max_tokens = max_tokens;
         o.shuffle_with = shuffle;
         o.threads = plan_threads;
         const auto t1 = clock_type::now();
+        const double c1 = cpu_seconds();
         dpkit::token_budget_batch_sampler s(idx.lengths(), world, rank, o);
         r.value[2] = seconds_since(t1);
         r.value[3] = vm_hwm_mib();
+        r.value[7] = cpu_seconds() - c1;
+        r.value[8] = status_mib("RssAnon:");
+        r.value[9] = status_mib("RssFile:");
         std::mt19937_64 rng(7);
         const auto t2 = clock_type::now();
+        const double c2 = cpu_seconds();
         std::uint64_t lines = 0, sink = 0;
         for (std::uint64_t k = 0; k < batches && s.num_batches() > 0; ++k) {
           for (const std::uint64_t i : s.batch(rng() % s.num_batches())) {
@@ -290,6 +331,8 @@ int main(int argc, char** argv) {
           }
         }
         r.value[4] = seconds_since(t2);
+        r.value[10] = cpu_seconds() - c2;
+        r.value[11] = status_mib("RssAnon:");
         r.value[5] = static_cast<double>(lines);
         volatile std::uint64_t keep = sink; // the reads are not optimized away
         (void)keep;
@@ -300,16 +343,21 @@ int main(int argc, char** argv) {
       });
     };
     const auto rk = run_rank(dpkit::sample_shuffle::feistel);
-    row("rank: open index (mapped)", rk.r.value[0], "", rk.r.value[1], "checksum not read (O(1) open)");
-    row("rank: plan epoch (feistel order)", rk.r.value[2], fmt("%.3fx randperm", rk.r.value[2] / p.r.seconds), rk.r.value[3],
-        fmt("%.2f B/line peak", rk.r.value[3] * 1048576.0 / static_cast<double>(n)));
-    row(("rank: read " + std::to_string(batches) + " random batches").c_str(), rk.r.value[4], "", rk.peak_mib,
+    const auto plan_ratio = [&](const phase_report& x) {
+      return fmt("%.3fx randperm", x.r.value[2] / p.r.seconds) + fmt("; %.3fx", x.r.value[7] / p.cpu);
+    };
+    row("rank: open index (mapped)", rk.r.value[0], rk.r.value[6], "", rk.r.value[1], "checksum not read (O(1) open)");
+    row("rank: plan epoch (feistel order)", rk.r.value[2], rk.r.value[7], plan_ratio(rk), rk.r.value[3],
+        fmt("%.2f B/line peak", rk.r.value[3] * 1048576.0 / static_cast<double>(n)) +
+            fmt("; after: RssAnon %.0f MiB", rk.r.value[8]) + fmt(", RssFile %.0f MiB (mapped index)", rk.r.value[9]));
+    row(("rank: read " + std::to_string(batches) + " random batches").c_str(), rk.r.value[4], rk.r.value[10], "", rk.peak_mib,
         fmt("%.1f us/batch", rk.r.value[4] / static_cast<double>(std::max<std::uint64_t>(batches, 1)) * 1e6) +
-            fmt(", %.0f lines", rk.r.value[5]));
-    row("rank: whole run", rk.r.seconds, "", rk.peak_mib, fmt("peak RSS %.2f B/line (lengths column: 4)", rk.peak_mib * 1048576.0 / static_cast<double>(n)));
+            fmt(", %.0f lines", rk.r.value[5]) + fmt("; after: RssAnon %.0f MiB", rk.r.value[11]));
+    row("rank: whole run", rk.r.seconds, rk.cpu, "", rk.peak_mib,
+        fmt("peak RSS %.2f B/line (lengths column: 4)", rk.peak_mib * 1048576.0 / static_cast<double>(n)));
     if (torch_plan) {
       const auto rt = run_rank(dpkit::sample_shuffle::torch_randperm);
-      row("rank: plan epoch (torch order)", rt.r.value[2], fmt("%.3fx randperm", rt.r.value[2] / p.r.seconds), rt.r.value[3],
+      row("rank: plan epoch (torch order)", rt.r.value[2], rt.r.value[7], plan_ratio(rt), rt.r.value[3],
           "the seed's order: randperm + counts");
     }
     if (!keep_index) fs::remove(index);

@@ -132,6 +132,25 @@ struct batch_packer {
     max_len = std::max(max_len, l);
   }
 
+  /// add(l) `c` times; without batch_size_multiple in O(1) + one call per
+  /// closed batch: a batch whose largest length is l holds
+  /// cap = min(max_batch_size, max_tokens / l) samples, so the run fills the
+  /// open batch up to cap and then closes a batch every cap samples.
+  template <class OnClose>
+  void add_run(std::uint64_t l, std::uint64_t c, OnClose&& on_close) {
+    if (multiple > 1 || c < 4) {
+      for (; c > 0; --c) add(l, on_close);
+      return;
+    }
+    const std::uint64_t cap = l == 0 ? max_batch_size : std::min(max_batch_size, max_tokens / l); // >= 1: l <= limit <= max_tokens
+    add(l, on_close);                                                                              // closes the open batch if l does not fit
+    --c;
+    const std::uint64_t total = count + c; // samples from the open batch on, all fitting cap once max_len = l
+    const std::uint64_t full = (total - 1) / cap;
+    for (std::uint64_t k = 0; k < full; ++k) on_close(cap);
+    count = total - full * cap;
+  }
+
   template <class OnClose>
   void finish(OnClose&& on_close) {
     if (count > 0) on_close(count); // the last batch of a buffer is emitted whole (as fairseq's last batch)
@@ -542,7 +561,7 @@ private:
     }
     if (counting) {
       for (std::uint64_t v = lo; v <= hi && lo <= hi; ++v) {
-        for (std::uint32_t k = hist[v]; k > 0; --k) pack.add(v, closed);
+        if (hist[v] != 0) pack.add_run(v, hist[v], closed);
         hist[v] = 0;
       }
     } else {
