@@ -228,7 +228,7 @@ private:
 
   /// Round r on (hi, lo): even r: lo ^= top p bits of (hi ^ key) * mult;
   /// odd r: hi = (hi + ((top 32 bits of (lo ^ key) * mult) * B >> 32)) mod B.
-  [[nodiscard]] std::uint64_t round(std::uint64_t x, unsigned r) const noexcept {
+  [[nodiscard]] [[gnu::always_inline]] std::uint64_t round(std::uint64_t x, unsigned r) const noexcept {
     std::uint64_t lo = x & lo_mask_, hi = x >> lo_bits_;
     if ((r & 1) == 0) {
       lo ^= ((hi ^ keys_[r]) * mults_[r]) >> (64 - lo_bits_);
@@ -241,7 +241,7 @@ private:
   }
 
   /// One pass of the network over [0, B * 2^p).
-  [[nodiscard]] std::uint64_t encrypt(std::uint64_t x) const noexcept {
+  [[nodiscard]] [[gnu::always_inline]] std::uint64_t encrypt(std::uint64_t x) const noexcept {
     if (rounds_ == 4) return round(round(round(round(x, 0), 1), 2), 3); // the default, unrolled
     for (unsigned r = 0; r < rounds_; ++r) x = round(x, r);
     return x;

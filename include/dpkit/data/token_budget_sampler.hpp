@@ -543,7 +543,15 @@ private:
     if (counting && hist.size() != top + 1) hist.assign(static_cast<std::size_t>(top) + 1, 0); // all zero between calls
     std::uint64_t lo = top, hi = 0;
     std::size_t w = 0;
+    const bool examples = opt_.type == batch_type::examples;
     for (const std::uint64_t len : lens) {
+      if (counting && len <= limit) [[likely]] { // the common case, branch-light
+        const std::uint64_t e = examples ? 1 : len;
+        ++hist[e];
+        lo = std::min(lo, e);
+        hi = std::max(hi, e);
+        continue;
+      }
       const auto e = effective_length(len, limit);
       if (!e.kept) {
         ++c.skipped;
