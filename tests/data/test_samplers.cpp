@@ -154,22 +154,22 @@ TEST_CASE("distributed_sampler<torch_randperm> equals torch.utils.data.Distribut
 TEST_CASE("torch_randperm: n >= 214748364 branch (torch >= 2.7) against a reference from torch's source") {
   // The branch is chosen at std::numeric_limits<uint32_t>::max() / 20.
   CHECK(dpkit::torch_randperm_random64_threshold == 214748364);
-  CHECK(dpkit::detail::data::torch_randperm_uses_random64(214748364, dpkit::torch_compat::since_2_7));
-  CHECK(!dpkit::detail::data::torch_randperm_uses_random64(214748363, dpkit::torch_compat::since_2_7));
-  CHECK(!dpkit::detail::data::torch_randperm_uses_random64(214748364, dpkit::torch_compat::before_2_7));
-  CHECK(!dpkit::detail::data::torch_randperm_uses_random64(std::uint64_t{1} << 40, dpkit::torch_compat::before_2_7));
+  CHECK(dpkit::detail::torch_randperm_uses_random64(214748364, dpkit::torch_compat::since_2_7));
+  CHECK(!dpkit::detail::torch_randperm_uses_random64(214748363, dpkit::torch_compat::since_2_7));
+  CHECK(!dpkit::detail::torch_randperm_uses_random64(214748364, dpkit::torch_compat::before_2_7));
+  CHECK(!dpkit::detail::torch_randperm_uses_random64(std::uint64_t{1} << 40, dpkit::torch_compat::before_2_7));
   // The inside-out loop's first m steps do not depend on n, so running it on m
   // elements checks the prefix of the computation torch does for any n >= m.
   for (std::uint64_t seed : {0ull, 1ull, 42ull, (1ull << 32) + 7}) {
     for (std::int64_t n : {1, 2, 3, 10, 97, 1000, 100000}) {
       const auto want = reference_inside_out(n, seed);
       std::vector<std::int64_t> got(static_cast<std::size_t>(n));
-      std::mt19937 gen = dpkit::detail::data::torch_cpu_generator(seed);
-      dpkit::detail::data::randperm_inside_out64(std::span<std::int64_t>(got), gen);
+      std::mt19937 gen = dpkit::detail::torch_cpu_generator(seed);
+      dpkit::detail::randperm_inside_out64(std::span<std::int64_t>(got), gen);
       REQUIRE(got == want);
       std::vector<std::uint32_t> narrow(static_cast<std::size_t>(n));
-      std::mt19937 gen2 = dpkit::detail::data::torch_cpu_generator(seed);
-      dpkit::detail::data::randperm_inside_out64(std::span<std::uint32_t>(narrow), gen2);
+      std::mt19937 gen2 = dpkit::detail::torch_cpu_generator(seed);
+      dpkit::detail::randperm_inside_out64(std::span<std::uint32_t>(narrow), gen2);
       REQUIRE(std::equal(narrow.begin(), narrow.end(), want.begin(), [](std::uint32_t a, std::int64_t b) { return a == b; }));
     }
   }

@@ -1,5 +1,5 @@
 // Tests of dpkit/data/token_budget_sampler.hpp.
-#include "data_test_util.hpp"
+#include "sampler_test_util.hpp"
 
 #include <dpkit/data/jsonl_index.hpp>
 #include <dpkit/data/jsonl_length_column.hpp>
@@ -12,14 +12,6 @@
 #include <vector>
 
 namespace {
-
-std::vector<std::uint32_t> synthetic_lengths(std::size_t n, std::uint32_t seed) {
-  std::mt19937 g(seed);
-  std::lognormal_distribution<double> d(4.5, 1.0);
-  std::vector<std::uint32_t> v(n);
-  for (auto& x : v) x = static_cast<std::uint32_t>(std::min(1e6, d(g)));
-  return v;
-}
 
 /// Checks the sampler's invariants over all ranks of one epoch.
 template <class Lengths>
@@ -66,7 +58,7 @@ void check_invariants(const Lengths& lengths, std::uint64_t world, const dpkit::
       REQUIRE(s.batch_id(step, r) == s0.batch_id(step, r));
       const auto batch = s.batch(step);
       REQUIRE(!batch.empty());
-      REQUIRE(std::equal(batch.begin(), batch.end(), s0.batch(step, r).begin(), s0.batch(step, r).end()));
+      REQUIRE(batch == s0.batch(step, r));
       if (s.is_padding(step))
         ++pads;
       else
@@ -85,7 +77,7 @@ void check_invariants(const Lengths& lengths, std::uint64_t world, const dpkit::
 } // namespace
 
 TEST_CASE("token_budget_batch_sampler: invariants on synthetic lengths") {
-  const auto lengths = synthetic_lengths(20000, 1);
+  const auto lengths = sampler_test::synthetic_lengths(20000, 1);
   for (std::uint64_t world : {1ull, 2ull, 3ull, 8ull}) {
     for (auto balance : {dpkit::rank_balance::pad, dpkit::rank_balance::drop}) {
       CAPTURE(world);
@@ -145,7 +137,7 @@ TEST_CASE("token_budget_batch_sampler: samples over the budget never make a batc
 }
 
 TEST_CASE("token_budget_batch_sampler: resume at step k equals the tail of a full run; epochs differ") {
-  const auto lengths = synthetic_lengths(5000, 7);
+  const auto lengths = sampler_test::synthetic_lengths(5000, 7);
   dpkit::token_budget_options o;
   o.max_tokens = 2048;
   o.sort_size = 64;
@@ -154,26 +146,25 @@ TEST_CASE("token_budget_batch_sampler: resume at step k equals the tail of a ful
     dpkit::token_budget_batch_sampler full(lengths, 4, rank, o);
     full.set_epoch(3);
     std::vector<std::vector<std::uint64_t>> run;
-    for (std::uint64_t s = 0; s < full.num_batches(); ++s) run.emplace_back(full.batch(s).begin(), full.batch(s).end());
+    for (std::uint64_t s = 0; s < full.num_batches(); ++s) run.push_back(full.batch(s));
     // a fresh sampler (e.g. after a restart) resumes at step k
     const std::uint64_t k = full.num_batches() / 3;
     dpkit::token_budget_batch_sampler resumed(lengths, 4, rank, o);
     resumed.set_epoch(3);
     for (std::uint64_t s = k; s < resumed.num_batches(); ++s) {
-      const auto b = resumed.at(s);
-      REQUIRE(std::vector<std::uint64_t>(b.begin(), b.end()) == run[s]);
+      REQUIRE(resumed.at(s) == run[s]);
     }
     CHECK_THROWS_AS((void)resumed.at(resumed.num_batches()), dpkit::invalid_argument);
     resumed.set_epoch(4);
     bool differs = resumed.num_batches() != run.size();
     for (std::uint64_t s = 0; !differs && s < run.size(); ++s)
-      differs = std::vector<std::uint64_t>(resumed.batch(s).begin(), resumed.batch(s).end()) != run[s];
+      differs = resumed.batch(s) != run[s];
     CHECK(differs);
   }
 }
 
 TEST_CASE("token_budget_batch_sampler: batch_size_multiple (fairseq)") {
-  const auto lengths = synthetic_lengths(10000, 3);
+  const auto lengths = sampler_test::synthetic_lengths(10000, 3);
   dpkit::token_budget_options o;
   o.max_tokens = 3000;
   o.sort_size = 512;
@@ -191,7 +182,7 @@ TEST_CASE("token_budget_batch_sampler: batch_size_multiple (fairseq)") {
 }
 
 TEST_CASE("token_budget_batch_sampler: greedy packing equals a direct reference (no shuffle)") {
-  const auto lengths = synthetic_lengths(3000, 5);
+  const auto lengths = sampler_test::synthetic_lengths(3000, 5);
   dpkit::token_budget_options o;
   o.max_tokens = 2000;
   o.max_sample_tokens = 1500;
@@ -225,21 +216,14 @@ TEST_CASE("token_budget_batch_sampler: greedy packing equals a direct reference 
   }
   REQUIRE(s.total_batches() == ref.size());
   for (std::uint64_t b = 0; b < ref.size(); ++b) {
-    const auto pb = s.plan_batch(b);
-    REQUIRE(std::vector<std::uint64_t>(pb.begin(), pb.end()) == ref[b]);
+    REQUIRE(s.plan_batch(b) == ref[b]);
   }
   // round-robin like the seed: step k of rank r is plan batch k * world + r
   for (std::uint64_t step = 0; step + 1 < s.num_batches(); ++step) CHECK(s.batch_id(step, 1) == step * world + 1);
 }
 
 TEST_CASE("token_budget_batch_sampler: real corpus lengths (num_tokens column)") {
-  const auto idxp = data_test::tmp_dir() / "tb-debian.idx";
-  dpkit::jsonl_index_build_options bo;
-  bo.length_column = dpkit::json_length_column("num_tokens");
-  dpkit::build_jsonl_index(data_test::corpus(), idxp, bo);
-  dpkit::jsonl_index_open_options oo;
-  oo.index_path = idxp;
-  const auto idx = dpkit::jsonl_index::open(data_test::corpus(), oo);
+  const sampler_test::corpus_index idx("tb-debian.idx");
   const auto lengths = idx.lengths();
   REQUIRE(lengths.size() == 63956);
   dpkit::token_budget_options o;
@@ -254,5 +238,4 @@ TEST_CASE("token_budget_batch_sampler: real corpus lengths (num_tokens column)")
   dpkit::token_budget_batch_sampler c(lengths.size(), [&](std::uint64_t i) { return lengths[i]; }, 4, 0, o);
   REQUIRE(c.num_batches() == s.num_batches());
   for (std::uint64_t k = 0; k < s.num_batches(); ++k) REQUIRE(c.batch_id(k, 0) == s.batch_id(k, 0));
-  std::filesystem::remove(idxp);
 }
