@@ -194,10 +194,11 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
     if (rotate == "auto") {
       o.rotate_auto = true;
     } else {
-      std::size_t used = 0;
-      const int r = std::stoi(rotate, &used);
-      if (used != rotate.size() || r < 0) throw std::invalid_argument("-R " + rotate + ": expected a count >= 0 or auto");
-      o.rotate = r;
+      char* end = nullptr;
+      const long r = std::strtol(rotate.c_str(), &end, 10);
+      if (rotate.empty() || *end != '\0' || r < 0 || r > (1 << 20))
+        throw std::invalid_argument("-R " + rotate + ": expected a set count in [0, 1048576] or auto");
+      o.rotate = static_cast<int>(r);
     }
     if (o.op_arg == "all") o.ops = all_ops();
     else o.ops = {dpkit::parse_reduce_op(o.op_arg)};

@@ -390,6 +390,12 @@ inline std::string json_env() {
   for (char** e = environ; e && *e; ++e) {
     const std::string kv(*e);
     if (kv.rfind("OMPI_MCA_", 0) != 0 && kv.rfind("DPKIT_", 0) != 0 && kv.rfind("NCCL_", 0) != 0) continue;
+    // mpirun's own bookkeeping for the launched job, not settings
+    bool launcher = false;
+    for (const char* p : {"OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir",
+                          "OMPI_MCA_shmem_RUNTIME_QUERY_hint"})
+      launcher = launcher || kv.rfind(p, 0) == 0;
+    if (launcher) continue;
     const auto eq = kv.find('=');
     if (eq == std::string::npos) continue;
     s += (first ? "" : ",") + json_escape(kv.substr(0, eq)) + ":" + json_escape(kv.substr(eq + 1));
