@@ -180,41 +180,32 @@ void run_native(collective k, C& c, const op_args<T>& x) {
 template <class C, class T>
 void run_collective(collective k, C& comm, dpkit::algorithm a, const op_args<T>& x) {
   using dpkit::algorithm;
-  const std::span<const T> in = x.in;
   if (a == algorithm::native) {
     if constexpr (dpkit::native_collectives<C>) detail::run_native(k, comm, x);
     else throw std::logic_error("run_collective: this transport has no native collectives");
     return;
   }
+  // In place, the one buffer is both input and output (dpkit's one-buffer
+  // overloads forward to exactly that), except for reduce-scatter and
+  // all-gather, whose in-place layout (NCCL's) has its own overloads.
+  const std::span<const T> in = x.in_place ? std::span<const T>(x.buf) : std::span<const T>(x.in);
+  const std::span<T> out = x.in_place ? x.buf : x.out;
   switch (k) {
   case collective::allreduce:
-    if (a == algorithm::ring) {
-      if (x.in_place) dpkit::allreduce_ring(comm, x.buf, x.op, x.opts);
-      else dpkit::allreduce_ring(comm, in, x.out, x.op, x.opts);
-    } else if (a == algorithm::tree) {
-      if (x.in_place) dpkit::allreduce_tree(comm, x.buf, x.op, x.opts);
-      else dpkit::allreduce_tree(comm, in, x.out, x.op, x.opts);
-    } else {
-      if (x.in_place) dpkit::allreduce(comm, x.buf, x.op, dpkit::allreduce_policy{}, x.opts);
-      else dpkit::allreduce(comm, in, x.out, x.op, dpkit::allreduce_policy{}, x.opts);
-    }
+    if (a == algorithm::ring) dpkit::allreduce_ring(comm, in, out, x.op, x.opts);
+    else if (a == algorithm::tree) dpkit::allreduce_tree(comm, in, out, x.op, x.opts);
+    else dpkit::allreduce(comm, in, out, x.op, dpkit::allreduce_policy{}, x.opts);
     return;
   case collective::reduce_scatter:
     if (x.in_place) dpkit::reduce_scatter_ring(comm, x.buf, x.op, x.opts);
-    else dpkit::reduce_scatter_ring(comm, in, x.out, x.op, x.opts);
+    else dpkit::reduce_scatter_ring(comm, in, out, x.op, x.opts);
     return;
   case collective::allgather:
     if (x.in_place) dpkit::allgather_ring(comm, x.buf, x.opts);
-    else dpkit::allgather_ring(comm, in, x.out, x.opts);
+    else dpkit::allgather_ring(comm, in, out, x.opts);
     return;
-  case collective::broadcast:
-    if (x.in_place) dpkit::broadcast_tree(comm, x.buf, x.root, x.opts);
-    else dpkit::broadcast_tree(comm, in, x.out, x.root, x.opts);
-    return;
-  case collective::reduce:
-    if (x.in_place) dpkit::reduce_tree(comm, x.buf, x.buf, x.op, x.root, x.opts);
-    else dpkit::reduce_tree(comm, in, x.out, x.op, x.root, x.opts);
-    return;
+  case collective::broadcast: dpkit::broadcast_tree(comm, in, out, x.root, x.opts); return;
+  case collective::reduce: dpkit::reduce_tree(comm, in, out, x.op, x.root, x.opts); return;
   }
 }
 

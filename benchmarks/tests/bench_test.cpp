@@ -50,21 +50,11 @@ std::vector<std::string> lines_of(const std::string& s) {
 }
 
 db::half_result half(double t, double alg, double bus, std::int64_t wrong) {
-  db::half_result h;
-  h.time_us = t;
-  h.algbw = alg;
-  h.busbw = bus;
-  h.wrong = wrong;
-  return h;
+  return {.time_us = t, .algbw = alg, .busbw = bus, .wrong = wrong};
 }
 
 db::options opts_for(std::size_t b, std::size_t e, std::size_t f, std::size_t i = 1u << 20) {
-  db::options o;
-  o.min_bytes = b;
-  o.max_bytes = e;
-  o.step_factor = f;
-  o.step_bytes = i;
-  return o;
+  return {.min_bytes = b, .max_bytes = e, .step_bytes = i, .step_factor = f};
 }
 
 } // namespace
