@@ -18,7 +18,7 @@
 //       next to a standalone all-reduce of the last bucket (the part that
 //       cannot overlap: it only starts when backward ends).
 // Rows sweep bucket_cap_bytes (--caps, MiB); the first bucket stays 1 MiB.
-#include <dpkit/collectives/allreduce.hpp>
+#include <dpkit/collectives.hpp>
 #include <dpkit/fusion/gradient_reducer.hpp>
 #include <dpkit/fusion/model_spec.hpp>
 #include <dpkit/transport/inproc.hpp>

@@ -18,7 +18,7 @@
 // Prints "match" and exits 0 when every rank's reduced gradients equal the
 // per-tensor reference (within float rounding of a different summation
 // order), otherwise a mismatch report and exit 1.
-#include <dpkit/collectives/allreduce.hpp>
+#include <dpkit/collectives.hpp>
 #include <dpkit/fusion/gradient_reducer.hpp>
 #include <dpkit/fusion/model_spec.hpp>
 #include <dpkit/transport/inproc.hpp>

@@ -15,7 +15,7 @@
 #include "core/tensor.hpp"
 #include "transport/concept.hpp"
 #include "transport/inproc.hpp"
-#include "collectives/allreduce.hpp"
+#include "collectives.hpp"
 
 #if !defined(DPKIT_NO_MPI) && (defined(DPKIT_WITH_MPI) || __has_include(<mpi.h>))
 #include "transport/mpi.hpp"

@@ -149,6 +149,19 @@ TEST_CASE("bad input: collectives reject mismatched lengths, memory spaces, root
     // algorithm::native on a transport without native collectives.
     expect([&] { dpkit::allreduce(comm, in, dpkit::reduce_op::sum, dpkit::allreduce_policy{dpkit::algorithm::native}); },
            {"native", rk});
+    std::vector<float> four(4 * 3);
+    expect([&] { dpkit::reduce_scatter(comm, four, dpkit::reduce_op::sum, dpkit::algorithm::native); },
+           {"reduce_scatter_native", rk, "native"});
+    expect([&] { dpkit::allgather(comm, four, dpkit::algorithm::native); }, {"allgather_native", rk, "native"});
+    expect([&] { dpkit::broadcast(comm, in, 0, dpkit::algorithm::native); }, {"broadcast_native", rk, "native"});
+    expect([&] { dpkit::reduce(comm, in, dpkit::reduce_op::sum, 0, dpkit::algorithm::native); }, {"reduce_native", rk});
+    expect([&] { dpkit::barrier(comm, dpkit::algorithm::native); }, {"barrier_native", rk});
+    // An algorithm the collective does not have.
+    expect([&] { dpkit::reduce_scatter(comm, four, dpkit::reduce_op::sum, dpkit::algorithm::tree); },
+           {"reduce_scatter", rk, "no tree algorithm"});
+    expect([&] { dpkit::allgather(comm, four, dpkit::algorithm::tree); }, {"allgather", rk, "no tree algorithm"});
+    expect([&] { dpkit::broadcast(comm, in, 0, dpkit::algorithm::ring); }, {"broadcast", rk, "no ring algorithm"});
+    expect([&] { dpkit::reduce(comm, in, dpkit::reduce_op::sum, 0, dpkit::algorithm::ring); }, {"reduce", rk, "no ring algorithm"});
     // Root's out size differs on broadcast and reduce.
     if (r == 0) {
       expect([&] { dpkit::broadcast_tree(comm, in, small, 0); }, {"broadcast_tree", "10", "12"});

@@ -2,7 +2,7 @@
 // integer-valued contents, and the per-tensor all-reduce reference.
 #pragma once
 
-#include <dpkit/collectives/allreduce.hpp>
+#include <dpkit/collectives.hpp>
 #include <dpkit/fusion/gradient_reducer.hpp>
 #include <dpkit/fusion/model_spec.hpp>
 

@@ -7,7 +7,7 @@
 
 #include <doctest/doctest.h>
 
-#include <dpkit/collectives/allreduce.hpp>
+#include <dpkit/collectives.hpp>
 #include <dpkit/cuda/device_ops.cuh>
 #include <dpkit/transport/nccl.hpp>
 

@@ -4,7 +4,7 @@
 // (whose reductions are dpkit::reduce_host), for every element type.
 #include <doctest/doctest.h>
 
-#include <dpkit/collectives/allreduce.hpp>
+#include <dpkit/collectives.hpp>
 #include <dpkit/cuda/device_ops.cuh>
 #include <dpkit/transport/inproc.hpp>
 

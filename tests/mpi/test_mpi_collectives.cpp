@@ -111,47 +111,63 @@ TEST_CASE_TEMPLATE("mpi allreduce: every algorithm and op equals the sequential 
       }
 }
 
-TEST_CASE("mpi reduce_scatter, allgather, broadcast, reduce, barrier") {
+TEST_CASE("mpi reduce_scatter, allgather, broadcast, reduce, barrier: dpkit's algorithm and native, both placements") {
   dpkit::mpi comm(MPI_COMM_WORLD);
   const int n = comm.size(), r = comm.rank();
   const auto un = static_cast<std::size_t>(n);
+  for (dpkit::algorithm a : {dpkit::algorithm::automatic, dpkit::algorithm::native})
   for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{4099}}) {
+    CAPTURE(a);
     CAPTURE(count);
     dpkit::collective_options o;
     o.segment_bytes = 1024;
     // reduce-scatter: out[i] = sum_k in_k[r * count + i]
     std::vector<std::int32_t> in(count * un), out(count);
     for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<std::int32_t>(i * 3 + static_cast<std::size_t>(r));
-    dpkit::reduce_scatter_ring(comm, in, out, dpkit::reduce_op::sum, o);
-    bool ok = true;
-    for (std::size_t i = 0; i < count; ++i) {
+    auto expect_rs = [&](std::size_t i) {
       const std::size_t gi = static_cast<std::size_t>(r) * count + i;
-      ok &= out[i] == static_cast<std::int32_t>(gi * 3 * un + un * (un - 1) / 2);
-    }
+      return static_cast<std::int32_t>(gi * 3 * un + un * (un - 1) / 2);
+    };
+    dpkit::reduce_scatter(comm, in, out, dpkit::reduce_op::sum, a, o);
+    bool ok = true;
+    for (std::size_t i = 0; i < count; ++i) ok &= out[i] == expect_rs(i);
+    CHECK(ok);
+    dpkit::reduce_scatter(comm, in, dpkit::reduce_op::sum, a, o); // in place: chunk r of in
+    ok = true;
+    for (std::size_t i = 0; i < count; ++i) ok &= in[static_cast<std::size_t>(r) * count + i] == expect_rs(i);
     CHECK(ok);
     // all-gather: out[k * count + i] = k * 1000 + i
-    std::vector<std::int64_t> mine(count), all(count * un);
-    for (std::size_t i = 0; i < count; ++i) mine[i] = r * 1000 + static_cast<std::int64_t>(i);
-    dpkit::allgather_ring(comm, mine, all, o);
+    std::vector<std::int64_t> mine(count), all(count * un), all_inplace(count * un, -1);
+    for (std::size_t i = 0; i < count; ++i) {
+      mine[i] = r * 1000 + static_cast<std::int64_t>(i);
+      all_inplace[static_cast<std::size_t>(r) * count + i] = mine[i];
+    }
+    dpkit::allgather(comm, mine, all, a, o);
+    dpkit::allgather(comm, all_inplace, a, o);
     ok = true;
     for (std::size_t k = 0; k < un; ++k)
-      for (std::size_t i = 0; i < count; ++i) ok &= all[k * count + i] == static_cast<std::int64_t>(k * 1000 + i);
+      for (std::size_t i = 0; i < count; ++i)
+        ok &= all[k * count + i] == static_cast<std::int64_t>(k * 1000 + i) && all_inplace[k * count + i] == all[k * count + i];
     CHECK(ok);
     for (int root = 0; root < n; ++root) {
       CAPTURE(root);
       std::vector<double> b(count, r == root ? 42.5 : -1.0);
-      dpkit::broadcast_tree(comm, b, root, o);
+      dpkit::broadcast(comm, b, root, a, o);
       ok = true;
       for (double x : b) ok &= x == 42.5;
       CHECK(ok);
       std::vector<float> src(count, static_cast<float>(r + 1)), dst(r == root ? count : 0);
-      dpkit::reduce_tree(comm, src, dst, dpkit::reduce_op::max, root, o);
+      dpkit::reduce(comm, src, dst, dpkit::reduce_op::max, root, a, o);
       ok = true;
       for (float x : dst) ok &= x == static_cast<float>(n);
       CHECK(ok);
     }
   }
   dpkit::barrier(comm);
+  dpkit::barrier(comm, dpkit::algorithm::native);
+  std::vector<float> t(4);
+  CHECK_THROWS_AS(dpkit::reduce_scatter(comm, t, dpkit::reduce_op::sum, dpkit::algorithm::tree), dpkit::invalid_argument);
+  CHECK_THROWS_AS(dpkit::broadcast(comm, t, 0, dpkit::algorithm::ring), dpkit::invalid_argument);
 }
 
 TEST_CASE("mpi async all-reduces complete in submission order") {

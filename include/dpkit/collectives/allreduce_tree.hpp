@@ -12,7 +12,7 @@
 /// and broadcasts it.
 #pragma once
 
-#include "../detail/tree.hpp"
+#include "detail/tree.hpp"
 
 namespace dpkit {
 

@@ -3,9 +3,8 @@
 /// tree rooted at `root` (semantics of ncclBroadcast / MPI_Bcast).
 #pragma once
 
-#include "../detail/tree.hpp"
+#include "detail/tree.hpp"
 
-#include <tuple>
 
 namespace dpkit {
 
@@ -19,19 +18,9 @@ namespace dpkit {
 template <transport C, tensor In, tensor Out>
 void broadcast_tree(C& comm, const In& in, Out&& out, int root = 0, const collective_options& o = {}) {
   using T = tensor_value_t<Out>;
-  static_assert(std::is_same_v<tensor_value_t<In>, T>, "dpkit: input and output element types differ");
   const auto ctx = detail::make_context(comm, "broadcast_tree");
-  detail::check_root(ctx, root, comm);
+  const auto [ip, outp] = detail::resolve_broadcast(comm, ctx, in, out, root);
   const std::size_t count = size_of(out);
-  const T* ip = nullptr;
-  T* outp = nullptr;
-  if (comm.rank() == root) {
-    std::tie(ip, outp) = detail::resolve_inout(comm, ctx, in, out, size_of(in));
-  } else {
-    detail::static_check_space<C, Out>();
-    detail::check_space(comm, ctx, space_of(out), "output");
-    outp = as_span(out).data();
-  }
   detail::tree_raw<C, T>(comm, ctx, ip, outp, count, reduce_op::sum, root, detail::tree_mode::broadcast, o,
                          detail::make_local<C, T>(comm, ctx, space_of(out)));
 }

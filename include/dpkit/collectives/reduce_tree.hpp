@@ -3,9 +3,8 @@
 /// binary tree rooted at `root` (semantics of ncclReduce / MPI_Reduce).
 #pragma once
 
-#include "../detail/tree.hpp"
+#include "detail/tree.hpp"
 
-#include <tuple>
 
 namespace dpkit {
 
@@ -22,17 +21,8 @@ void reduce_tree(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum
                  const collective_options& o = {}) {
   using T = tensor_value_t<In>;
   const auto ctx = detail::make_context(comm, "reduce_tree");
-  detail::check_root(ctx, root, comm);
+  const auto [ip, outp] = detail::resolve_reduce(comm, ctx, in, out, root);
   const std::size_t count = size_of(in);
-  T* outp = nullptr;
-  const T* ip = nullptr;
-  if (comm.rank() == root) {
-    std::tie(ip, outp) = detail::resolve_inout(comm, ctx, in, out, count);
-  } else {
-    detail::static_check_space<C, In>();
-    detail::check_space(comm, ctx, space_of(in), "input");
-    ip = as_span(in).data();
-  }
   detail::tree_raw<C, T>(comm, ctx, ip, outp, count, op, root, detail::tree_mode::reduce, o,
                          detail::make_local<C, T>(comm, ctx, space_of(in)));
 }

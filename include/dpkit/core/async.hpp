@@ -1,6 +1,6 @@
 /// @file async.hpp
 /// @brief Handles of asynchronous collectives and the communication thread
-/// that runs them (design section 3, "Async").
+/// that runs them (docs/design.md, "Async"; docs/concepts.md, "Async").
 ///
 /// `*_async` functions enqueue the collective on the transport's
 /// communication thread (one per transport object, started on first use) and

@@ -1,5 +1,5 @@
 /// @file errors.hpp
-/// @brief dpkit's exception types (design section 3, "Errors").
+/// @brief dpkit's exception types (docs/design.md, "Errors"; docs/reliability.md).
 ///
 /// Every message names the offending value, the rank (where one exists) and
 /// the operation, e.g. "allreduce_ring: rank 3 of 4: out-of-place output has

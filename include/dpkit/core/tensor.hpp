@@ -1,6 +1,6 @@
 /// @file tensor.hpp
 /// @brief The `tensor` concept, the `tensor_traits` customization point,
-/// `as_span` and memory spaces (design section 3, "Tensor").
+/// `as_span` and memory spaces (docs/design.md, "Tensors"; docs/concepts.md).
 ///
 /// A tensor is a contiguous run of elements of one dpkit element type in one
 /// memory space. Satisfied out of the box by contiguous sized ranges and by any

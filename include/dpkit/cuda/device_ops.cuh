@@ -23,7 +23,7 @@
 
 namespace dpkit {
 
-namespace cuda_detail {
+namespace detail {
 inline void ops_reduce(void* dst, const void* a, const void* b, std::size_t n, element_type t, reduce_op op,
                        void* ctx) {
   auto& c = detail::cuda_ctx(ctx);
@@ -35,7 +35,7 @@ inline void ops_divide(void* data, std::size_t n, element_type t, std::size_t di
   detail::cuda_device_guard g(c.device);
   divide_device(data, n, t, divisor, c.stream);
 }
-} // namespace cuda_detail
+} // namespace detail
 
 /// The CUDA kernel table: reduce and divide launch the kernels of
 /// reduce_kernels.cuh, the other entries are stream_ops.hpp's runtime
@@ -44,7 +44,7 @@ inline void ops_divide(void* data, std::size_t n, element_type t, std::size_t di
 /// it to the NCCL transport (nccl_options::kernels), which binds it to its
 /// stream. The pointer is valid for the program's lifetime.
 inline const device_ops* cuda_kernels() noexcept {
-  static const device_ops table{&cuda_detail::ops_reduce,         &cuda_detail::ops_divide,
+  static const device_ops table{&detail::ops_reduce,         &detail::ops_divide,
                                 &detail::cuda_ops_copy,           &detail::cuda_ops_allocate,
                                 &detail::cuda_ops_deallocate,     &detail::cuda_ops_synchronize,
                                 nullptr};

@@ -33,7 +33,7 @@
 
 namespace dpkit {
 
-namespace cuda_detail {
+namespace detail {
 
 /// Storage and compute type of an element type on the device.
 template <class T>
@@ -60,9 +60,9 @@ struct dev_elem<bf16> {
   }
 };
 
-/// a op b, matching detail::combine on the host (avg: sum).
+/// a op b, matching detail::combine (reduce_op.hpp) on the host (avg: sum).
 template <reduce_op Op, class C>
-__device__ __forceinline__ C combine(C a, C b) {
+__device__ __forceinline__ C device_combine(C a, C b) {
   if constexpr (Op == reduce_op::sum || Op == reduce_op::avg || Op == reduce_op::prod) {
     if constexpr (std::is_integral_v<C> && std::is_signed_v<C> && sizeof(C) >= 4) {
       using U = std::make_unsigned_t<C>;
@@ -85,7 +85,7 @@ template <class T, reduce_op Op>
 __device__ __forceinline__ typename dev_elem<T>::storage reduce_one(typename dev_elem<T>::storage a,
                                                                     typename dev_elem<T>::storage b) {
   using E = dev_elem<T>;
-  return E::store(combine<Op>(E::load(a), E::load(b)));
+  return E::store(device_combine<Op>(E::load(a), E::load(b)));
 }
 
 template <class T>
@@ -189,7 +189,7 @@ inline unsigned grid_for(std::size_t work) {
   return static_cast<unsigned>(blocks);
 }
 
-} // namespace cuda_detail
+} // namespace detail
 
 /// Enqueues dst[i] = a[i] op b[i] for n elements (avg: the sum step) on
 /// `stream` and returns without waiting. Pointers are device pointers (or
@@ -199,25 +199,25 @@ inline unsigned grid_for(std::size_t work) {
 template <element T>
 void reduce_device(T* dst, const T* a, const T* b, std::size_t n, reduce_op op, cudaStream_t stream) {
   if (n == 0) return;
-  using S = typename cuda_detail::dev_elem<T>::storage;
+  using S = typename detail::dev_elem<T>::storage;
   static_assert(sizeof(S) == sizeof(T));
   auto* d = reinterpret_cast<S*>(dst);
   auto* pa = reinterpret_cast<const S*>(a);
   auto* pb = reinterpret_cast<const S*>(b);
-  const auto sp = cuda_detail::split_for_vectors(n, sizeof(S), reinterpret_cast<std::uintptr_t>(d),
+  const auto sp = detail::split_for_vectors(n, sizeof(S), reinterpret_cast<std::uintptr_t>(d),
                                                  reinterpret_cast<std::uintptr_t>(pa),
                                                  reinterpret_cast<std::uintptr_t>(pb));
   const std::size_t work = sp.nvec > 0 ? sp.nvec : n;
-  const unsigned grid = cuda_detail::grid_for(work);
+  const unsigned grid = detail::grid_for(work);
   switch (op) {
   case reduce_op::sum: case reduce_op::avg:
-    cuda_detail::reduce_kernel<T, reduce_op::sum><<<grid, 256, 0, stream>>>(d, pa, pb, sp.head, sp.nvec, n); break;
+    detail::reduce_kernel<T, reduce_op::sum><<<grid, 256, 0, stream>>>(d, pa, pb, sp.head, sp.nvec, n); break;
   case reduce_op::prod:
-    cuda_detail::reduce_kernel<T, reduce_op::prod><<<grid, 256, 0, stream>>>(d, pa, pb, sp.head, sp.nvec, n); break;
+    detail::reduce_kernel<T, reduce_op::prod><<<grid, 256, 0, stream>>>(d, pa, pb, sp.head, sp.nvec, n); break;
   case reduce_op::min:
-    cuda_detail::reduce_kernel<T, reduce_op::min><<<grid, 256, 0, stream>>>(d, pa, pb, sp.head, sp.nvec, n); break;
+    detail::reduce_kernel<T, reduce_op::min><<<grid, 256, 0, stream>>>(d, pa, pb, sp.head, sp.nvec, n); break;
   case reduce_op::max:
-    cuda_detail::reduce_kernel<T, reduce_op::max><<<grid, 256, 0, stream>>>(d, pa, pb, sp.head, sp.nvec, n); break;
+    detail::reduce_kernel<T, reduce_op::max><<<grid, 256, 0, stream>>>(d, pa, pb, sp.head, sp.nvec, n); break;
   }
   cuda_check(cudaGetLastError(), std::string("reduce_kernel<") + std::string(element_type_name(element_type_of_v<T>)) +
                                      ", " + std::string(reduce_op_name(op)) + "> launch (" + std::to_string(n) +
@@ -231,12 +231,12 @@ void reduce_device(T* dst, const T* a, const T* b, std::size_t n, reduce_op op, 
 template <element T>
 void divide_device(T* data, std::size_t n, std::size_t divisor, cudaStream_t stream) {
   if (n == 0 || divisor <= 1) return;
-  using S = typename cuda_detail::dev_elem<T>::storage;
+  using S = typename detail::dev_elem<T>::storage;
   auto* d = reinterpret_cast<S*>(data);
   const auto addr = reinterpret_cast<std::uintptr_t>(d);
-  const auto sp = cuda_detail::split_for_vectors(n, sizeof(S), addr, addr, addr);
-  const unsigned grid = cuda_detail::grid_for(sp.nvec > 0 ? sp.nvec : n);
-  cuda_detail::divide_kernel<T><<<grid, 256, 0, stream>>>(d, divisor, sp.head, sp.nvec, n);
+  const auto sp = detail::split_for_vectors(n, sizeof(S), addr, addr, addr);
+  const unsigned grid = detail::grid_for(sp.nvec > 0 ? sp.nvec : n);
+  detail::divide_kernel<T><<<grid, 256, 0, stream>>>(d, divisor, sp.head, sp.nvec, n);
   cuda_check(cudaGetLastError(), std::string("divide_kernel<") + std::string(element_type_name(element_type_of_v<T>)) +
                                      "> launch (" + std::to_string(n) + " elements)");
 }

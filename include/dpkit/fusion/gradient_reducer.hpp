@@ -1,7 +1,7 @@
 /// @file gradient_reducer.hpp
 /// @brief `gradient_reducer`: DDP-style bucketed gradient all-reduce that
 /// overlaps communication with backward (semantics of torch DDP's Reducer,
-/// torch/csrc/distributed/c10d/reducer.cpp; design section 4).
+/// torch/csrc/distributed/c10d/reducer.cpp; docs/design.md "Fusion", docs/fusion.md).
 ///
 /// @code
 /// dpkit::gradient_reducer red(comm, grads);           // grads: registered gradient tensors
@@ -28,7 +28,8 @@
 /// destroyed on every rank, and its destructor waits for in-flight collectives.
 #pragma once
 
-#include "../collectives/allreduce.hpp"
+#include "../collectives/async.hpp"
+#include "../collectives/broadcast_tree.hpp"
 #include "../core/async.hpp"
 #include "../core/element.hpp"
 #include "../core/errors.hpp"

@@ -1,6 +1,6 @@
 /// @file concept.hpp
-/// @brief The transport concept and its refinements (design section 3,
-/// "Transport").
+/// @brief The transport concept and its refinements (docs/design.md,
+/// "Transports"; docs/concepts.md, "Transports").
 ///
 /// A transport is a group of `size()` ranks; this object is rank `rank()`.
 /// It moves byte spans point-to-point without blocking: `isend(bytes, peer,
@@ -15,6 +15,8 @@
 #include "../core/options.hpp"
 #include "../core/reduce_op.hpp"
 #include "../core/tensor.hpp"
+#include "../core/device_ops.hpp"
+#include "detail/scratch_arena.hpp"
 
 #include <concepts>
 #include <cstddef>
@@ -64,7 +66,23 @@ concept native_collectives = transport<C> && requires(C& c, const void* in, void
   c.native_barrier();
 };
 
-/// Refinement (planned, design section 3): the transport splits into
+/// Refinement: the transport moves device memory with a table of device
+/// primitives (`device()` returns it, or nullptr when this instance is host
+/// only); ring and tree then run unchanged on device tensors.
+template <class C>
+concept device_transport = transport<C> && requires(const C& cc) {
+  { cc.device() } -> std::convertible_to<const device_ops*>;
+};
+
+/// Refinement: the transport owns a cache of host scratch that its
+/// collectives reuse from call to call (`scratch()`), instead of allocating
+/// and faulting in fresh pages on every call.
+template <class C>
+concept scratch_transport = transport<C> && requires(C& c) {
+  { c.scratch() } -> std::same_as<detail::scratch_arena&>;
+};
+
+/// Refinement (planned, docs/design.md "Transports"): the transport splits into
 /// sub-transports by color and key, as MPI_Comm_split, for hierarchical
 /// (node-local + cross-node) all-reduce.
 template <class C>
@@ -72,7 +90,7 @@ concept splittable_transport = transport<C> && requires(C& c, int color, int key
   { c.split(color, key) } -> transport;
 };
 
-/// Refinement (planned, design section 3): peers' buffers are mapped into this
+/// Refinement (planned, docs/design.md "Transports"): peers' buffers are mapped into this
 /// process (an MPI-3 shared window, or inproc ranks), so an algorithm can read
 /// and reduce a peer's segment in place. `peer_pointer(peer, local)` returns
 /// the address of the peer's buffer registered under the same key.

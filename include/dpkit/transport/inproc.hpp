@@ -22,7 +22,7 @@
 #include "../core/errors.hpp"
 #include "../core/options.hpp"
 #include "../core/tensor.hpp"
-#include "../detail/scratch_arena.hpp"
+#include "detail/scratch_arena.hpp"
 #include "concept.hpp"
 
 #include <algorithm>

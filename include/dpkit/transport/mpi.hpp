@@ -32,7 +32,7 @@
 #include "../core/options.hpp"
 #include "../core/reduce_op.hpp"
 #include "../core/tensor.hpp"
-#include "../detail/scratch_arena.hpp"
+#include "detail/scratch_arena.hpp"
 #include "concept.hpp"
 
 #include <mpi.h>

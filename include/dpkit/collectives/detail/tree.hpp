@@ -11,7 +11,7 @@
 // (a child's next segment while reducing, else the parent's next segment).
 #pragma once
 
-#include "collective.hpp"
+#include "common.hpp"
 
 #include <array>
 #include <vector>
@@ -43,7 +43,7 @@ void tree_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t c
   const std::size_t depth = static_cast<std::size_t>(std::max(1, o.pipeline_depth));
   const std::size_t nseg = ceil_div(count, seg);
   const std::size_t slot = std::min(seg, count);
-  const int tag_up = o.tag + 2, tag_down = o.tag + 3;
+  const int tag_up = tag_of(o, tag_offset::tree_up), tag_down = tag_of(o, tag_offset::tree_down);
   const bool do_up = mode != tree_mode::broadcast, do_down = mode != tree_mode::reduce;
   auto len = [&](std::size_t j) { return std::min(seg, count - j * seg); };
 

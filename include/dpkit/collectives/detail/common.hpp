@@ -3,13 +3,14 @@
 // and waits that name the operation and rank on timeout. Not for users.
 #pragma once
 
-#include "../core/device_ops.hpp"
-#include "../core/errors.hpp"
-#include "../core/options.hpp"
-#include "../core/reduce_op.hpp"
-#include "../core/tensor.hpp"
-#include "../transport/concept.hpp"
-#include "scratch_arena.hpp"
+#include "../../core/device_ops.hpp"
+#include "../../core/errors.hpp"
+#include "../../core/options.hpp"
+#include "../../core/reduce_op.hpp"
+#include "../../core/tensor.hpp"
+#include "../../transport/concept.hpp"
+#include "../../transport/detail/scratch_arena.hpp"
+#include "tags.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -17,6 +18,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -47,9 +49,17 @@ op_context make_context(const C& comm, const char* name) {
   return {name, r, n};
 }
 
+/// The transport's device primitives (device_transport), or nullptr.
 template <class C>
 const device_ops* device_of(const C& comm) {
-  if constexpr (requires { comm.device(); }) return comm.device();
+  if constexpr (device_transport<C>) return comm.device();
+  else return nullptr;
+}
+
+/// The transport's reusable host scratch (scratch_transport), or nullptr.
+template <class C>
+scratch_arena* arena_of(C& comm) {
+  if constexpr (scratch_transport<C>) return &comm.scratch();
   else return nullptr;
 }
 
@@ -230,6 +240,47 @@ auto resolve_chunked_inplace(const C& comm, const op_context& ctx, Tn& t) {
   static_check_space<C, Tn>();
   check_space(comm, ctx, space_of(t), "tensor");
   return std::pair{as_span(t).data(), total / n};
+}
+
+/// For broadcast: on root, (in, out) must be an out-of-place-or-aliased pair of
+/// equal size; elsewhere only out is used (in may be empty). Returns (in data
+/// or nullptr off root, out data).
+template <class C, tensor In, tensor Out>
+auto resolve_broadcast(const C& comm, const op_context& ctx, const In& in, Out& out, int root) {
+  using T = tensor_value_t<Out>;
+  static_assert(std::is_same_v<tensor_value_t<In>, T>, "dpkit: input and output element types differ");
+  check_root(ctx, root, comm);
+  if (ctx.rank == root) return resolve_inout(comm, ctx, in, out, size_of(in));
+  static_check_space<C, Out>();
+  check_space(comm, ctx, space_of(out), "output");
+  return std::pair<const T*, T*>{nullptr, as_span(out).data()};
+}
+
+/// For reduce: on root, (in, out) are validated as a pair of equal size;
+/// elsewhere only in is used (out may be empty). Returns (in data, out data or
+/// nullptr off root).
+template <class C, tensor In, tensor Out>
+auto resolve_reduce(const C& comm, const op_context& ctx, const In& in, Out& out, int root) {
+  using T = tensor_value_t<In>;
+  check_root(ctx, root, comm);
+  if (ctx.rank == root) return resolve_inout(comm, ctx, in, out, size_of(in));
+  static_check_space<C, In>();
+  check_space(comm, ctx, space_of(in), "input");
+  return std::pair<const T*, T*>{as_span(in).data(), nullptr};
+}
+
+/// Runs f(comm) when the transport has native collectives (algorithm::native);
+/// otherwise throws dpkit::invalid_argument naming the operation and rank.
+template <class C, class F>
+void call_native(C& comm, const op_context& ctx, F&& f) {
+  if constexpr (native_collectives<C>) f(comm);
+  else ctx.invalid("algorithm::native requested but this transport has no native collectives");
+}
+
+/// Throws dpkit::invalid_argument: algorithm `a` does not exist for this
+/// collective (e.g. a tree reduce-scatter).
+[[noreturn]] inline void no_such_algorithm(const op_context& ctx, std::string_view a) {
+  ctx.invalid("no " + std::string(a) + " algorithm for this collective (use automatic, native or the one it has)");
 }
 
 } // namespace dpkit::detail

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <atomic>
-#include <concepts>
 #include <new>
 #include <cstddef>
 #include <memory>
@@ -54,12 +53,5 @@ private:
   std::unique_ptr<std::byte, deleter> buf_[slots];
   std::size_t cap_[slots] = {};
 };
-
-/// The transport's arena if it has one (member `scratch_arena& scratch()`).
-template <class C>
-scratch_arena* arena_of(C& comm) {
-  if constexpr (requires { { comm.scratch() } -> std::same_as<scratch_arena&>; }) return &comm.scratch();
-  else return nullptr;
-}
 
 } // namespace dpkit::detail

@@ -1,0 +1,14 @@
+/// @file collectives.hpp
+/// @brief Umbrella header of dpkit's collectives: every algorithm (ring and
+/// tree), the dispatchers that choose one (allreduce, reduce_scatter,
+/// allgather, broadcast, reduce, barrier) and their `*_async` variants.
+/// docs/algorithms.md describes the algorithms and when each wins.
+#pragma once
+
+#include "collectives/allgather.hpp"
+#include "collectives/allreduce.hpp"
+#include "collectives/async.hpp"
+#include "collectives/barrier.hpp"
+#include "collectives/broadcast.hpp"
+#include "collectives/reduce.hpp"
+#include "collectives/reduce_scatter.hpp"

@@ -1,0 +1,44 @@
+/// @file allgather.hpp
+/// @brief `allgather(comm, in, out, algorithm)`: all-gather with the algorithm
+/// chosen by the caller: ring (allgather_ring.hpp; also what `automatic`
+/// picks) or the transport's native one (MPI_Allgather, ncclAllGather).
+/// Semantics of ncclAllGather.
+#pragma once
+
+#include "allgather_ring.hpp"
+#include "policy.hpp"
+
+namespace dpkit {
+
+/// Out-of-place all-gather: out[k * count + i] = rank k's in[i].
+/// @param in  count elements on every rank.
+/// @param out count x n elements, same element type and memory space.
+/// @param a   ring or automatic (ring), or native; tree does not exist here.
+/// @throws dpkit::invalid_argument (sizes, spaces, tree requested, native on a
+///         transport without native collectives), dpkit::timeout_error.
+template <transport C, tensor In, tensor Out>
+void allgather(C& comm, const In& in, Out&& out, algorithm a = algorithm::automatic, const collective_options& o = {}) {
+  using T = tensor_value_t<In>;
+  if (a == algorithm::automatic || a == algorithm::ring) return allgather_ring(comm, in, out, o);
+  const auto ctx = detail::make_context(comm, "allgather_native");
+  if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
+  const std::size_t count = size_of(in);
+  const auto [ip, outp] = detail::resolve_inout(comm, ctx, in, out, count * static_cast<std::size_t>(ctx.size));
+  detail::call_native(comm, ctx, [&](auto& c) { c.native_allgather(ip, outp, count, element_type_of_v<T>); });
+}
+
+/// In-place all-gather (NCCL's convention): t holds count x n elements and
+/// this rank's contribution is already in t[rank * count, (rank + 1) * count).
+/// @throws as the out-of-place overload; t.size() must be a multiple of n.
+template <transport C, tensor Tn>
+void allgather(C& comm, Tn&& t, algorithm a = algorithm::automatic, const collective_options& o = {}) {
+  using T = tensor_value_t<Tn>;
+  if (a == algorithm::automatic || a == algorithm::ring) return allgather_ring(comm, t, o);
+  const auto ctx = detail::make_context(comm, "allgather_native");
+  if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
+  const auto [p, count] = detail::resolve_chunked_inplace(comm, ctx, t);
+  const T* own = p + static_cast<std::size_t>(ctx.rank) * count;
+  detail::call_native(comm, ctx, [&](auto& c) { c.native_allgather(own, p, count, element_type_of_v<T>); });
+}
+
+} // namespace dpkit

@@ -1,0 +1,51 @@
+/// @file reduce_scatter.hpp
+/// @brief `reduce_scatter(comm, in, out, op, algorithm)`: reduce-scatter with
+/// the algorithm chosen by the caller: ring (reduce_scatter_ring.hpp; also what
+/// `automatic` picks) or the transport's native one (MPI_Reduce_scatter_block,
+/// ncclReduceScatter). Semantics of ncclReduceScatter.
+#pragma once
+
+#include "policy.hpp"
+#include "reduce_scatter_ring.hpp"
+
+namespace dpkit {
+
+/// Out-of-place reduce-scatter: out[i] = op over ranks of in[rank * count + i].
+/// @param in  count x n elements (n = world size) on every rank.
+/// @param out count elements, same element type and memory space.
+/// @param op  sum, prod, min, max or avg.
+/// @param a   ring or automatic (ring), or native; tree does not exist here.
+/// Every rank must pass the same count, op, algorithm and options.
+/// @throws dpkit::invalid_argument (sizes, spaces, tree requested, native on a
+///         transport without native collectives), dpkit::timeout_error.
+template <transport C, tensor In, tensor Out>
+void reduce_scatter(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum,
+                    algorithm a = algorithm::automatic, const collective_options& o = {}) {
+  using T = tensor_value_t<In>;
+  if (a == algorithm::automatic || a == algorithm::ring) return reduce_scatter_ring(comm, in, out, op, o);
+  const auto ctx = detail::make_context(comm, "reduce_scatter_native");
+  if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
+  const std::size_t n = static_cast<std::size_t>(ctx.size), total = size_of(in);
+  if (total % n != 0)
+    ctx.invalid("input has " + std::to_string(total) + " elements, not a multiple of the world size " +
+                std::to_string(n));
+  const auto [ip, outp] = detail::resolve_inout(comm, ctx, in, out, total / n);
+  detail::call_native(comm, ctx, [&](auto& c) { c.native_reduce_scatter(ip, outp, total / n, element_type_of_v<T>, op); });
+}
+
+/// In-place reduce-scatter (NCCL's convention): t holds count x n elements;
+/// the result lands in t[rank * count, (rank + 1) * count).
+/// @throws as the out-of-place overload; t.size() must be a multiple of n.
+template <transport C, tensor Tn>
+void reduce_scatter(C& comm, Tn&& t, reduce_op op = reduce_op::sum, algorithm a = algorithm::automatic,
+                    const collective_options& o = {}) {
+  using T = tensor_value_t<Tn>;
+  if (a == algorithm::automatic || a == algorithm::ring) return reduce_scatter_ring(comm, t, op, o);
+  const auto ctx = detail::make_context(comm, "reduce_scatter_native");
+  if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
+  const auto [p, count] = detail::resolve_chunked_inplace(comm, ctx, t);
+  T* own = p + static_cast<std::size_t>(ctx.rank) * count;
+  detail::call_native(comm, ctx, [&](auto& c) { c.native_reduce_scatter(p, own, count, element_type_of_v<T>, op); });
+}
+
+} // namespace dpkit
