@@ -12,7 +12,6 @@
 #include <cstddef>
 #include <optional>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -103,8 +102,9 @@ inline constexpr unsigned all_collectives = bit(collective::allreduce) | bit(col
                                             bit(collective::reduce);
 
 /// The algorithms, in -A all order (each size is measured for all of them
-/// back to back). A new algorithm is one line here plus, until dpkit has one
-/// dispatcher per collective, its case in run_collective below.
+/// back to back). run_collective hands the algorithm to dpkit's dispatcher,
+/// so a new dpkit::algorithm (e.g. shm) is one line here, plus a
+/// transport_need and its case in transport_has when it needs a capability.
 inline constexpr std::array algorithm_table{
     algorithm_entry{dpkit::algorithm::ring, "ring", transport_need::nothing,
                     bit(collective::allreduce) | bit(collective::reduce_scatter) | bit(collective::allgather)},
@@ -140,72 +140,43 @@ struct op_args {
   bool in_place;
 };
 
-/// Where rank `rank`'s in-place result starts in op_args::buf. NCCL's
-/// convention puts a reduce-scatter result at rank x count of the big buffer;
-/// MPI_Reduce_scatter_block with MPI_IN_PLACE (what mpi::native_reduce_scatter
-/// does for in == out) leaves it at offset 0. Everything else starts at 0.
-inline std::size_t inplace_result_offset(collective k, dpkit::algorithm a, int rank, std::size_t count) noexcept {
-  if (k != collective::reduce_scatter || a == dpkit::algorithm::native) return 0;
-  return static_cast<std::size_t>(rank) * count;
+/// Where rank `rank`'s in-place result starts in op_args::buf (NCCL's
+/// convention, which dpkit's dispatchers follow for every algorithm): a
+/// reduce-scatter's at rank x count of the big buffer, everything else at 0.
+inline constexpr std::size_t inplace_result_offset(collective k, int rank, std::size_t count) noexcept {
+  return k == collective::reduce_scatter ? static_cast<std::size_t>(rank) * count : 0;
 }
 
-namespace detail {
-
-/// The transport's native collective k on x (MPI_Allreduce, ...).
-template <class C, class T>
-void run_native(collective k, C& c, const op_args<T>& x) {
-  constexpr auto t = dpkit::element_type_of_v<T>;
-  T* out = x.in_place ? x.buf.data() : x.out.data();
-  const T* in = x.in_place ? out : x.in.data();
-  switch (k) {
-  case collective::allreduce: c.native_allreduce(in, out, x.count, t, x.op); return;
-  case collective::reduce_scatter: c.native_reduce_scatter(in, out, x.count, t, x.op); return;
-  case collective::allgather:
-    // in place: the rank's chunk already sits at offset rank x count (NCCL's convention)
-    if (x.in_place) in = x.buf.data() + static_cast<std::size_t>(c.rank()) * x.count;
-    c.native_allgather(in, out, x.count, t);
-    return;
-  case collective::broadcast: c.native_broadcast(in, out, x.count, t, x.root); return;
-  case collective::reduce: c.native_reduce(in, out, x.count, t, x.op, x.root); return;
-  }
-}
-
-} // namespace detail
-
-/// Runs collective k once with algorithm a on x (in place or not, as x says).
-/// `automatic` is dpkit::allreduce's default policy for all-reduce and the
-/// collective's only dpkit algorithm for the others. Throws std::logic_error
-/// for an (algorithm, collective, transport) the table does not offer (the
-/// driver never selects one).
+/// Runs collective k once with algorithm a on x (in place or not, as x says),
+/// through dpkit's dispatcher for that collective (dpkit::allreduce with
+/// allreduce_policy{a}, dpkit::reduce_scatter, allgather, broadcast, reduce
+/// with a): `native` is the transport's own collective, `automatic` dpkit's
+/// choice. Throws dpkit::invalid_argument for an algorithm the collective or
+/// transport does not have (the driver never selects one).
 template <class C, class T>
 void run_collective(collective k, C& comm, dpkit::algorithm a, const op_args<T>& x) {
-  using dpkit::algorithm;
-  if (a == algorithm::native) {
-    if constexpr (dpkit::native_collectives<C>) detail::run_native(k, comm, x);
-    else throw std::logic_error("run_collective: this transport has no native collectives");
-    return;
-  }
-  // In place, the one buffer is both input and output (dpkit's one-buffer
-  // overloads forward to exactly that), except for reduce-scatter and
-  // all-gather, whose in-place layout (NCCL's) has its own overloads.
-  const std::span<const T> in = x.in_place ? std::span<const T>(x.buf) : std::span<const T>(x.in);
-  const std::span<T> out = x.in_place ? x.buf : x.out;
+  const std::span<const T> in = x.in;
   switch (k) {
   case collective::allreduce:
-    if (a == algorithm::ring) dpkit::allreduce_ring(comm, in, out, x.op, x.opts);
-    else if (a == algorithm::tree) dpkit::allreduce_tree(comm, in, out, x.op, x.opts);
-    else dpkit::allreduce(comm, in, out, x.op, dpkit::allreduce_policy{}, x.opts);
+    if (x.in_place) dpkit::allreduce(comm, x.buf, x.op, dpkit::allreduce_policy{.algo = a}, x.opts);
+    else dpkit::allreduce(comm, in, x.out, x.op, dpkit::allreduce_policy{.algo = a}, x.opts);
     return;
   case collective::reduce_scatter:
-    if (x.in_place) dpkit::reduce_scatter_ring(comm, x.buf, x.op, x.opts);
-    else dpkit::reduce_scatter_ring(comm, in, out, x.op, x.opts);
+    if (x.in_place) dpkit::reduce_scatter(comm, x.buf, x.op, a, x.opts);
+    else dpkit::reduce_scatter(comm, in, x.out, x.op, a, x.opts);
     return;
   case collective::allgather:
-    if (x.in_place) dpkit::allgather_ring(comm, x.buf, x.opts);
-    else dpkit::allgather_ring(comm, in, out, x.opts);
+    if (x.in_place) dpkit::allgather(comm, x.buf, a, x.opts);
+    else dpkit::allgather(comm, in, x.out, a, x.opts);
     return;
-  case collective::broadcast: dpkit::broadcast_tree(comm, in, out, x.root, x.opts); return;
-  case collective::reduce: dpkit::reduce_tree(comm, in, out, x.op, x.root, x.opts); return;
+  case collective::broadcast:
+    if (x.in_place) dpkit::broadcast(comm, x.buf, x.root, a, x.opts);
+    else dpkit::broadcast(comm, in, x.out, x.root, a, x.opts);
+    return;
+  case collective::reduce:
+    if (x.in_place) dpkit::reduce(comm, x.buf, x.op, x.root, a, x.opts);
+    else dpkit::reduce(comm, in, x.out, x.op, x.root, a, x.opts);
+    return;
   }
 }
 

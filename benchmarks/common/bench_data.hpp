@@ -176,12 +176,12 @@ std::size_t expected_result(collective k, T* e, std::size_t count, int root, con
   return 0;
 }
 
-/// The `len` elements of x where rank `rank`'s result of collective k with
-/// algorithm a lies (the output, or in place see inplace_result_offset).
+/// The `len` elements of x where rank `rank`'s result of collective k lies
+/// (the output, or in place see inplace_result_offset).
 template <class T>
-std::span<const T> result_span(collective k, dpkit::algorithm a, const op_args<T>& x, int rank, std::size_t len) {
+std::span<const T> result_span(collective k, const op_args<T>& x, int rank, std::size_t len) {
   if (!x.in_place) return std::span<const T>(x.out.data(), len);
-  return std::span<const T>(x.buf.data() + inplace_result_offset(k, a, rank, x.count), len);
+  return std::span<const T>(x.buf.data() + inplace_result_offset(k, rank, x.count), len);
 }
 
 } // namespace dpkit_bench

@@ -347,7 +347,7 @@ private:
       run_collective(kind_, comm_, a, x);
       std::int64_t wrong = 0;
       if (expect_len_)
-        wrong = count_wrong<T>(result_span(kind_, a, x, rank_, expect_len_),
+        wrong = count_wrong<T>(result_span(kind_, x, rank_, expect_len_),
                                std::span<const T>(reinterpret_cast<const T*>(expect_.get()), expect_len_));
       if (wrong) ++st.errors;
       total = sum_i64(wrong);

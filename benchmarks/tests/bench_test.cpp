@@ -50,11 +50,23 @@ std::vector<std::string> lines_of(const std::string& s) {
 }
 
 db::half_result half(double t, double alg, double bus, std::int64_t wrong) {
-  return {.time_us = t, .algbw = alg, .busbw = bus, .wrong = wrong};
+  db::half_result h;
+  h.time_us = t;
+  h.algbw = alg;
+  h.busbw = bus;
+  h.wrong = wrong;
+  return h;
 }
 
-db::options opts_for(std::size_t b, std::size_t e, std::size_t f, std::size_t i = 1u << 20) {
-  return {.min_bytes = b, .max_bytes = e, .step_bytes = i, .step_factor = f};
+/// The options allreduce_perf parses from `args` (the real parser).
+db::options parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "allreduce_perf");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  int code = -1;
+  const auto o = db::parse_options(static_cast<int>(argv.size()), argv.data(), db::collective::allreduce, code);
+  REQUIRE(o.has_value());
+  return *o;
 }
 
 } // namespace
@@ -191,11 +203,37 @@ TEST_CASE("-R: set stride, set counts and pool sizes") {
 }
 
 TEST_CASE("sizes_of: nccl-tests' -b/-e/-f/-i sweep") {
-  CHECK(db::sizes_of(opts_for(8, 64, 2)) == std::vector<std::size_t>{8, 16, 32, 64});
-  CHECK(db::sizes_of(opts_for(8, 100, 4)) == std::vector<std::size_t>{8, 32});
-  CHECK(db::sizes_of(opts_for(0, 4, 2)) == std::vector<std::size_t>{0, 1, 2, 4});
-  CHECK(db::sizes_of(opts_for(10, 25, 1, 10)) == std::vector<std::size_t>{10, 20});
-  CHECK(db::sizes_of(opts_for(16, 16, 1, 0)) == std::vector<std::size_t>{16});
+  CHECK(db::sizes_of(parse({"-b", "8", "-e", "64", "-f", "2"})) == std::vector<std::size_t>{8, 16, 32, 64});
+  CHECK(db::sizes_of(parse({"-b", "8", "-e", "100", "-f", "4"})) == std::vector<std::size_t>{8, 32});
+  CHECK(db::sizes_of(parse({"-b", "0", "-e", "4", "-f", "2"})) == std::vector<std::size_t>{0, 1, 2, 4});
+  CHECK(db::sizes_of(parse({"-b", "10", "-e", "25", "-i", "10"})) == std::vector<std::size_t>{10, 20});
+  CHECK(db::sizes_of(parse({"-b", "1K", "-e", "1K", "-i", "0"})) == std::vector<std::size_t>{1024});
+}
+
+TEST_CASE("parse_options: -R, -I, -K and what they refuse") {
+  const auto a = parse({"-R", "auto", "-I", "1", "-K", "3"});
+  CHECK(a.rotate_auto);
+  CHECK(a.iter_stats == 1);
+  CHECK(a.iter_skip == 3);
+  const auto n = parse({"-R", "4"});
+  CHECK_FALSE(n.rotate_auto);
+  CHECK(n.rotate == 4);
+  CHECK(parse({}).rotate == 0);
+  auto refused = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "allreduce_perf");
+    std::vector<char*> argv;
+    for (auto& x : args) argv.push_back(x.data());
+    int code = 0;
+    const bool ok = db::parse_options(static_cast<int>(argv.size()), argv.data(), db::collective::allreduce, code)
+                        .has_value();
+    return !ok && code == 1;
+  };
+  CHECK(refused({"-R", "x"}));
+  CHECK(refused({"-R", "-2"}));
+  CHECK(refused({"-I", "2"}));
+  CHECK(refused({"-I", "1", "-K", "20"})); // skips all 20 iterations
+  CHECK(refused({"-g", "2"}));
+  CHECK(refused({"--memory", "device"}));
 }
 
 TEST_CASE("collective facts and the algorithm table") {
@@ -211,9 +249,8 @@ TEST_CASE("collective facts and the algorithm table") {
   CHECK(rs.send == 9);
   CHECK(rs.recv == 3);
   CHECK(rs.param == 3);
-  CHECK(db::inplace_result_offset(db::collective::reduce_scatter, dpkit::algorithm::ring, 2, 5) == 10);
-  CHECK(db::inplace_result_offset(db::collective::reduce_scatter, dpkit::algorithm::native, 2, 5) == 0);
-  CHECK(db::inplace_result_offset(db::collective::allgather, dpkit::algorithm::ring, 2, 5) == 0);
+  CHECK(db::inplace_result_offset(db::collective::reduce_scatter, 2, 5) == 10);
+  CHECK(db::inplace_result_offset(db::collective::allgather, 2, 5) == 0);
 
   auto labels = [](db::collective k) {
     std::string s;
@@ -245,7 +282,7 @@ TEST_CASE("JSON: nccl-tests 2.19 keys, null for unchecked and non-finite values"
         R"j({"time":null,"alg_bw":0.5,"bus_bw":1,"nwrong":null,"i_min":1,"i_max":2,"i_p99":2,"i_cv":12.5})j");
   CHECK(db::detail::json_escape("a\"b\\c\n") == R"j("a\"b\\c\n")j");
 
-  db::options o = opts_for(8, 64, 2);
+  db::options o = parse({"-b", "8", "-e", "64", "-f", "2"});
   o.argv = {"allreduce_perf", "-b", "8"};
   db::run_info info;
   info.program = "allreduce_perf";
