@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -58,13 +59,32 @@ db::half_result half(double t, double alg, double bus, std::int64_t wrong) {
   return h;
 }
 
-/// The options allreduce_perf parses from `args` (the real parser).
-db::options parse(std::vector<std::string> args) {
+/// An all-reduce row of 8 bytes (2 floats, sum, root -1).
+db::row_result row8(std::string algorithm, db::half_result oop, db::half_result ip) {
+  db::row_result r;
+  r.algorithm = std::move(algorithm);
+  r.bytes = 8;
+  r.count = 2;
+  r.type = "float";
+  r.redop = "sum";
+  r.root = -1;
+  r.oop = oop;
+  r.ip = ip;
+  return r;
+}
+
+/// What allreduce_perf's parser makes of `args`; `code` gets the exit code when it stops.
+std::optional<db::options> try_parse(std::vector<std::string> args, int& code) {
   args.insert(args.begin(), "allreduce_perf");
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
+  return db::parse_options(static_cast<int>(argv.size()), argv.data(), db::collective::allreduce, code);
+}
+
+/// The options allreduce_perf parses from `args` (which must be valid).
+db::options parse(std::vector<std::string> args) {
   int code = -1;
-  const auto o = db::parse_options(static_cast<int>(argv.size()), argv.data(), db::collective::allreduce, code);
+  const auto o = try_parse(std::move(args), code);
   REQUIRE(o.has_value());
   return *o;
 }
@@ -116,14 +136,7 @@ TEST_CASE("format_time: nccl-tests' 2 / 1 / 0 decimals at 100 us and 10 ms") {
 }
 
 TEST_CASE("row format: preamble and halves as nccl-tests prints them") {
-  db::row_result r;
-  r.bytes = 8;
-  r.count = 2;
-  r.type = "float";
-  r.redop = "sum";
-  r.root = -1;
-  r.oop = half(6.21, 0.00129, 0.00129, 0);
-  r.ip = half(6.02, 0.00133, 0.00133, -1); // -c 0: N/A
+  const db::row_result r = row8("ring", half(6.21, 0.00129, 0.00129, 0), half(6.02, 0.00133, 0.00133, -1)); // -c 0: N/A
   const auto s = printed([&](std::FILE* f) {
     db::print_row_preamble(f, r);
     db::print_half(f, r.oop);
@@ -220,13 +233,8 @@ TEST_CASE("parse_options: -R, -I, -K and what they refuse") {
   CHECK(n.rotate == 4);
   CHECK(parse({}).rotate == 0);
   auto refused = [](std::vector<std::string> args) {
-    args.insert(args.begin(), "allreduce_perf");
-    std::vector<char*> argv;
-    for (auto& x : args) argv.push_back(x.data());
     int code = 0;
-    const bool ok = db::parse_options(static_cast<int>(argv.size()), argv.data(), db::collective::allreduce, code)
-                        .has_value();
-    return !ok && code == 1;
+    return !try_parse(std::move(args), code).has_value() && code == 1;
   };
   CHECK(refused({"-R", "x"}));
   CHECK(refused({"-R", "-2"}));
@@ -293,15 +301,7 @@ TEST_CASE("JSON: nccl-tests 2.19 keys, null for unchecked and non-finite values"
   info.start_time = "S";
   info.end_time = "E";
   info.opts = &o;
-  db::row_result r;
-  r.algorithm = "ring";
-  r.bytes = 8;
-  r.count = 2;
-  r.type = "float";
-  r.redop = "sum";
-  r.root = -1;
-  r.oop = half(1, 2, 3, 0);
-  r.ip = half(4, 5, 6, 0);
+  const db::row_result r = row8("ring", half(1, 2, 3, 0), half(4, 5, 6, 0));
   const std::string path =
       (std::filesystem::temp_directory_path() / ("dpkit_bench_test_" + std::to_string(getpid()) + ".json")).string();
   REQUIRE(db::write_json(path, info, {r}, {{"ring", 0, 4.5}}));
