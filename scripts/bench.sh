@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: builds dpkit (release) in build/ and runs the nccl-tests-style
-# all-reduce comparison of dpkit's ring and tree against native MPI_Allreduce
-# under mpirun with 2 ranks. Extra arguments replace the default flags.
+# all-reduce comparison of dpkit's ring, tree and auto against native
+# MPI_Allreduce under mpirun with 2 ranks. Extra arguments replace the default
+# flags. scripts/bench_native.sh adds native under coll/sm and prints one table.
 #   scripts/bench.sh                       # -b 8 -e 256M -f 2 -A all -c 1
 #   scripts/bench.sh -b 1M -e 64M -f 4 -A ring
 set -euo pipefail

@@ -28,11 +28,13 @@ def load(path):
     rows = []
     if text.lstrip().startswith("{"):
         doc = json.loads(text)
+        # nccl-tests 2.19 layout (dpkit's facts under "dpkit"); older dpkit files had them at the top
+        meta = doc.get("dpkit", doc)
         for r in doc.get("results", []):
             rows.append({
-                "collective": doc.get("collective", ""),
-                "nranks": doc.get("nranks", ""),
-                "algorithm": r.get("algorithm", "?"),
+                "collective": meta.get("collective", ""),
+                "nranks": meta.get("nranks", ""),
+                "algorithm": r.get("algorithm", r.get("experiment_name", "?")),
                 "size": int(r["size"]),
                 "type": r.get("type", ""),
                 "redop": r.get("redop", ""),

@@ -12,8 +12,11 @@
 //   prod:      2 on exactly one rank per element, 1 elsewhere: product 2.
 //   min, max:  v in [0, 100).
 //   allgather, broadcast: v in [0, 100) (no arithmetic).
+// prepare_inputs / expected_result / result_span apply this to one collective
+// call's buffers (bench_collectives.hpp's op_args).
 #pragma once
 
+#include "bench_collectives.hpp"
 #include "bench_options.hpp"
 
 #include <cstddef>
@@ -113,6 +116,72 @@ inline std::int64_t count_wrong(std::span<const T> got, std::span<const T> want)
     wrong += a != b;
   }
   return wrong + static_cast<std::int64_t>(got.size() > want.size() ? got.size() - want.size() : want.size() - got.size());
+}
+
+/// Writes rank `rank`'s input of collective k into x's buffers; with
+/// `sentinel`, also poisons what the collective must write (a collective that
+/// leaves its output untouched then shows as #wrong).
+template <class T>
+void prepare_inputs(collective k, const op_args<T>& x, const value_gen& g, int rank, bool sentinel) {
+  const std::size_t cnt = x.count;
+  switch (k) {
+  case collective::allreduce:
+  case collective::reduce:
+  case collective::reduce_scatter:
+    if (x.in_place) {
+      fill_input(x.buf, g, rank);
+    } else {
+      fill_input(x.in, g, rank);
+      if (sentinel) fill_sentinel(x.out);
+    }
+    break;
+  case collective::allgather:
+    if (x.in_place) {
+      if (sentinel) fill_sentinel(x.buf);
+      fill_input(x.buf.subspan(static_cast<std::size_t>(rank) * cnt, cnt), g, rank);
+    } else {
+      fill_input(x.in, g, rank);
+      if (sentinel) fill_sentinel(x.out);
+    }
+    break;
+  case collective::broadcast: {
+    auto dst = x.in_place ? x.buf : x.in;
+    if (rank == x.root) fill_input(dst, g, x.root);
+    else if (sentinel) fill_sentinel(dst);
+    if (!x.in_place && sentinel) fill_sentinel(x.out);
+    break;
+  }
+  }
+}
+
+/// Writes rank `rank`'s expected result of collective k (count = x.count,
+/// nranks = g.nranks) into `e`, which holds at least count x nranks elements;
+/// returns its length (0: nothing to check on this rank, a reduce's non-root).
+template <class T>
+std::size_t expected_result(collective k, T* e, std::size_t count, int root, const value_gen& g, int rank) {
+  switch (k) {
+  case collective::allreduce: fill_reduced(std::span<T>(e, count), g); return count;
+  case collective::reduce:
+    if (rank != root) return 0;
+    fill_reduced(std::span<T>(e, count), g);
+    return count;
+  case collective::reduce_scatter:
+    fill_reduced(std::span<T>(e, count), g, static_cast<std::size_t>(rank) * count);
+    return count;
+  case collective::allgather:
+    for (int r = 0; r < g.nranks; ++r) fill_input(std::span<T>(e + static_cast<std::size_t>(r) * count, count), g, r);
+    return count * static_cast<std::size_t>(g.nranks);
+  case collective::broadcast: fill_input(std::span<T>(e, count), g, root); return count;
+  }
+  return 0;
+}
+
+/// The `len` elements of x where rank `rank`'s result of collective k lies
+/// (the output, or in place see inplace_result_offset).
+template <class T>
+std::span<const T> result_span(collective k, const op_args<T>& x, int rank, std::size_t len) {
+  if (!x.in_place) return std::span<const T>(x.out.data(), len);
+  return std::span<const T>(x.buf.data() + inplace_result_offset(k, rank, x.count), len);
 }
 
 } // namespace dpkit_bench

@@ -1,6 +1,7 @@
 // dpkit benchmarks: command-line options, parsed with CLI11 and spelled as
 // nccl-tests spells them (single-dash short options with a value: -b 8 -e 256M
-// -f 2), plus dpkit's own (-A, -S, --depth, --csv). See docs/benchmarks.md.
+// -f 2, -I 1 -K 2 -J out.json), plus dpkit's own (-A, -R, -S, --depth, --csv).
+// See docs/benchmarks.md.
 #pragma once
 
 #include <dpkit/dpkit.hpp>
@@ -22,6 +23,15 @@ namespace dpkit_bench {
 
 /// The five collectives the *_perf programs measure.
 enum class collective { allreduce, reduce_scatter, allgather, broadcast, reduce };
+
+/// The transport a run measures: MPI ranks (under mpirun) or ranks as
+/// threads of one process (-t N, or a build without MPI).
+enum class transport_kind { mpi, inproc };
+
+/// "mpi" or "inproc" (the header and the CSV / JSON files print this).
+inline constexpr std::string_view transport_name(transport_kind t) noexcept {
+  return t == transport_kind::mpi ? "mpi" : "inproc";
+}
 
 /// nccl-tests' order of -d all: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16.
 inline const std::vector<dpkit::element_type>& all_types() {
@@ -92,7 +102,10 @@ struct options {
   std::string algo_arg = "auto";          ///< -A as given
   bool algo_all = false;                  ///< -A all
   std::vector<dpkit::algorithm> algorithms; ///< -A parsed (empty with all)
-  bool device_memory = false;             ///< --memory device (CUDA build only)
+  int rotate = 0;                         ///< -R: buffer sets rotated over iterations (0/1: off)
+  bool rotate_auto = false;               ///< -R auto: enough sets to exceed the last-level cache (see bench_buffers.hpp)
+  int iter_stats = 0;                     ///< -I: 1 adds per-iteration i_min i_max i_p99 i_cv% columns
+  int iter_skip = 0;                      ///< -K: samples skipped at the start of the -I summary
   dpkit::collective_options copts;        ///< -S, --depth, -T
   std::string op_arg = "sum", type_arg = "float";
   std::vector<std::string> argv;          ///< the command line, for JSON
@@ -121,11 +134,11 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
   std::string b = "32M", e = "32M", i = "1M", seg;
   int depth = 0;
   long timeout_s = 0;
-  std::string memory = "host";
+  std::string memory = "host", rotate = "0";
   app.add_option("-t,--nthreads", o.nthreads,
                  "ranks run as threads of this process over the inproc transport (dpkit's analogue of nccl-tests' "
                  "threads per process; without MPI this is the only mode)");
-  app.add_option("-g,--ngpus", o.ngpus, "GPUs per thread (needs the CUDA build)");
+  app.add_option("-g,--ngpus", o.ngpus, "GPUs per thread: accepted for nccl-tests compatibility; only 1 (host memory)");
   app.add_option("-b,--minbytes", b, "smallest size in bytes (K/M/G suffixes), default 32M");
   app.add_option("-e,--maxbytes", e, "largest size in bytes (K/M/G suffixes), default 32M");
   app.add_option("-i,--stepbytes", i, "size increment when -f is 1, default 1M");
@@ -142,17 +155,23 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
                  has_root ? "root rank (-1: every root in turn), default 0"
                           : "accepted for nccl-tests compatibility; ignored");
   app.add_option("-z,--blocking", o.blocking, "1: barrier after every collective, default 0");
-  app.add_option("-G,--cudagraph", o.graph, "CUDA graph launches (CUDA build only; ignored on host transports)");
+  app.add_option("-G,--cudagraph", o.graph, "CUDA graph launches: accepted for nccl-tests compatibility; ignored (host transports)");
   app.add_option("-a,--average", o.average,
                  "time reduction across ranks: 0 rank 0, 1 average, 2 min, 3 max (default 3: the slowest rank)");
-  app.add_option("-J,--json", o.json_file, "write results as JSON to this file (rank 0)");
+  app.add_option("-J,--json", o.json_file, "write results as JSON to this file (rank 0; nccl-tests 2.19's keys)");
+  app.add_option("-I,--iteration_stats", o.iter_stats,
+                 "1: time every iteration and add i_min i_max i_p99 i_cv% per half (the slowest rank's), default 0");
+  app.add_option("-K,--iteration_skip", o.iter_skip, "samples skipped at the start of the -I summary, default 0");
+  app.add_option("-R,--rotate", rotate,
+                 "N: rotate over N buffer sets (iteration i uses set i mod N); auto: enough sets to exceed the "
+                 "last-level cache; 0: one set (default)");
   app.add_option("--csv", o.csv_file, "write results as CSV to this file (rank 0)");
   app.add_option("-A,--algorithm", o.algo_arg,
                  "ring|tree|native|auto|all, or a comma list (dpkit extension), default auto");
   app.add_option("-S,--segment-bytes", seg, "collective_options.segment_bytes (K/M/G suffixes) for tuning sweeps");
   app.add_option("--depth", depth, "collective_options.pipeline_depth (>= 1)");
   app.add_option("-T,--timeout", timeout_s, "collective timeout in seconds (default: dpkit's 30 min)");
-  app.add_option("--memory", memory, "host|device: where buffers live (device needs the CUDA build)");
+  app.add_option("--memory", memory, "host: where buffers live (device buffers are not supported)");
 
   const bool print = detail::launcher_rank0();
   try {
@@ -172,6 +191,15 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
     o.max_bytes = parse_size(e);
     o.step_bytes = parse_size(i);
     if (!seg.empty()) o.copts.segment_bytes = parse_size(seg);
+    if (rotate == "auto") {
+      o.rotate_auto = true;
+    } else {
+      char* end = nullptr;
+      const long r = std::strtol(rotate.c_str(), &end, 10);
+      if (rotate.empty() || *end != '\0' || r < 0 || r > (1 << 20))
+        throw std::invalid_argument("-R " + rotate + ": expected a set count in [0, 1048576] or auto");
+      o.rotate = static_cast<int>(r);
+    }
     if (o.op_arg == "all") o.ops = all_ops();
     else o.ops = {dpkit::parse_reduce_op(o.op_arg)};
     if (o.type_arg == "all") o.types = all_types();
@@ -209,9 +237,19 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
   if (depth > 0) o.copts.pipeline_depth = depth;
   if (o.copts.segment_bytes == 0) return fail("-S must be > 0");
   if (timeout_s > 0) o.copts.timeout = std::chrono::milliseconds(timeout_s * 1000);
-  if (memory != "host" && memory != "device") return fail("--memory must be host or device");
-  o.device_memory = memory == "device";
+  if (o.iter_stats != 0 && o.iter_stats != 1) return fail("-I must be 0 or 1");
+  if (o.iter_skip < 0) return fail("-K must be >= 0");
+  if (o.iter_stats && o.iter_skip >= o.iters)
+    return fail("-K " + std::to_string(o.iter_skip) + " skips every one of the " + std::to_string(o.iters) +
+                " iterations (-n)");
+  if (memory == "device")
+    return fail("--memory device: these benchmarks measure host-memory collectives only (the CUDA reduction "
+                "kernels have build/benchmarks/reduce_kernel_perf)");
+  if (memory != "host") return fail("--memory must be host");
   if (o.ngpus < 1) return fail("-g must be >= 1");
+  if (o.ngpus > 1)
+    return fail("-g " + std::to_string(o.ngpus) +
+                ": several GPUs per thread are not supported; these benchmarks measure host-memory collectives");
   return o;
 }
 

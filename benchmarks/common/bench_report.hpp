@@ -1,5 +1,7 @@
-// dpkit benchmarks: nccl-tests' text output (header, table, footer; the same
-// printf widths), plus the -A all summary and the CSV / JSON files.
+// dpkit benchmarks: everything a run prints or writes: nccl-tests' text
+// output (header, table, footer; the same printf widths), the -I iteration
+// statistics, the -A summary, and the CSV / JSON files. The runner
+// (bench_runner.hpp) measures and hands over rows; nothing here communicates.
 //
 // Formats follow nccl-tests' src/common.cu:
 //   "# nThread %d nGpus %d minBytes %ld maxBytes %ld step: %ld(%s) warmup iters: %d iters: %d agg iters: %d validation: %d graph: %d"
@@ -12,15 +14,56 @@
 
 #include "bench_options.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <fstream>
 #include <map>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
 
+extern char** environ; // POSIX: the environment the JSON "env" records
+
 namespace dpkit_bench {
+
+/// The -I summary of one half's per-iteration times (microseconds per op).
+struct iteration_stats {
+  double min = 0, max = 0;
+  double p99 = 0; ///< nearest-rank 99th percentile: the ceil(0.99 n)-th smallest sample
+  double cv = 0;  ///< coefficient of variation in percent: population standard deviation / mean x 100
+  std::size_t samples = 0; ///< samples summarised (after -K)
+};
+
+/// Summarises `samples` (microseconds) after skipping the first `skip`
+/// (nccl-tests' -K). With no sample left, every field is 0. A mean of 0 gives
+/// cv 0.
+inline iteration_stats summarize_iterations(std::span<const double> samples, std::size_t skip) {
+  iteration_stats s;
+  if (skip >= samples.size()) return s;
+  std::vector<double> v(samples.begin() + static_cast<std::ptrdiff_t>(skip), samples.end());
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  s.samples = n;
+  s.min = v.front();
+  s.max = v.back();
+  std::size_t rank = static_cast<std::size_t>(std::ceil(0.99 * static_cast<double>(n)));
+  rank = std::clamp<std::size_t>(rank, 1, n);
+  s.p99 = v[rank - 1];
+  double sum = 0;
+  for (double x : v) sum += x;
+  const double mean = sum / static_cast<double>(n);
+  double sq = 0;
+  for (double x : v) sq += (x - mean) * (x - mean);
+  const double sd = std::sqrt(sq / static_cast<double>(n));
+  s.cv = mean > 0 ? sd / mean * 100.0 : 0.0;
+  return s;
+}
 
 /// One half (out-of-place or in-place) of a table row.
 struct half_result {
@@ -28,6 +71,8 @@ struct half_result {
   double algbw = 0;        ///< GB/s (1e9 B/s)
   double busbw = 0;        ///< GB/s
   std::int64_t wrong = -1; ///< summed over ranks; -1: not checked (-c 0)
+  bool has_stats = false;  ///< -I: `stats` holds the per-iteration summary
+  iteration_stats stats;
 };
 
 /// One table row: a (algorithm, size, type, op, root) point.
@@ -49,14 +94,35 @@ inline std::string format_time(double us) {
   return buf;
 }
 
-/// The three column-header lines of the table.
-inline void print_table_header(std::FILE* f) {
-  std::fprintf(f, "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n", "", "",
-               "", "", "");
-  std::fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s\n", "size", "count", "type", "redop",
-               "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-  std::fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s\n", "(B)", "(elements)", "", "", "",
-               "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+/// The three column-header lines of the table; with `stats` (-I) each half
+/// gains i_min i_max i_p99 (us) and i_cv% after #wrong.
+inline void print_table_header(std::FILE* f, bool stats = false) {
+  if (!stats) {
+    std::fprintf(f, "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n", "",
+                 "", "", "", "");
+    std::fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s\n", "size", "count", "type",
+                 "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+    std::fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s\n", "(B)", "(elements)", "", "",
+                 "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+    return;
+  }
+  // A half is 32 columns wide, 67 with the statistics; the labels are centred.
+  std::fprintf(f, "# %10s  %12s  %8s  %6s  %6s%27s%-40s%29s%-38s\n", "", "", "", "", "", "", "out-of-place", "",
+               "in-place");
+  for (int line = 0; line < 2; ++line) {
+    const bool names = line == 0;
+    std::fprintf(f, "# %10s  %12s  %8s  %6s  %6s", names ? "size" : "(B)", names ? "count" : "(elements)",
+                 names ? "type" : "", names ? "redop" : "", names ? "root" : "");
+    for (int half = 0; half < 2; ++half) {
+      if (names)
+        std::fprintf(f, "  %7s  %6s  %6s %6s  %7s  %7s  %7s  %6s", "time", "algbw", "busbw", "#wrong", "i_min", "i_max",
+                     "i_p99", "i_cv%");
+      else
+        std::fprintf(f, "  %7s  %6s  %6s  %5s  %7s  %7s  %7s  %6s", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)",
+                     "(us)", "(%)");
+    }
+    std::fprintf(f, "\n");
+  }
 }
 
 /// The row preamble: size, count, type, redop, root.
@@ -67,11 +133,14 @@ inline void print_row_preamble(std::FILE* f, const row_result& r) {
                r.redop.c_str(), root);
 }
 
-/// One half of a row.
+/// One half of a row (with its -I statistics when it has them).
 inline void print_half(std::FILE* f, const half_result& h) {
   const std::string t = format_time(h.time_us);
   if (h.wrong >= 0) std::fprintf(f, "  %7s  %6.2f  %6.2f  %5g", t.c_str(), h.algbw, h.busbw, static_cast<double>(h.wrong));
   else std::fprintf(f, "  %7s  %6.2f  %6.2f  %5s", t.c_str(), h.algbw, h.busbw, "N/A");
+  if (h.has_stats)
+    std::fprintf(f, "  %7s  %7s  %7s  %6.2f", format_time(h.stats.min).c_str(), format_time(h.stats.max).c_str(),
+                 format_time(h.stats.p99).c_str(), h.stats.cv);
 }
 
 /// The footer of one table.
@@ -129,7 +198,153 @@ inline void print_summary(std::FILE* f, const std::vector<row_result>& rows, con
   std::fprintf(f, "#\n");
 }
 
+/// One rank's "#  Rank" facts (gathered from every rank by the runner).
+struct rank_record {
+  int rank = 0;
+  int pid = 0;
+  std::string hostname;
+};
+
+/// Run-wide facts the header and the CSV / JSON files record.
+struct run_info {
+  std::string program;    ///< e.g. "allreduce_perf"
+  std::string collective; ///< e.g. "allreduce"
+  transport_kind transport = transport_kind::mpi;
+  int nranks = 1;
+  std::string busbw_formula; ///< "2(n-1)/n" ...
+  double busbw_factor = 1;
+  bool skipped_native = false;  ///< -A all on a transport without native collectives
+  std::size_t llc_bytes = 0;    ///< the last-level cache -R auto sized its sets for
+  std::vector<rank_record> ranks;
+  std::string start_time, end_time; ///< ISO 8601 UTC
+  const options* opts = nullptr;
+};
+
+/// One table's footer figures (for the JSON "tables" list).
+struct table_summary {
+  std::string algorithm;
+  int out_of_bounds = 0;
+  double avg_bus_bw = 0;
+};
+
+/// The current time as ISO 8601 UTC ("2026-11-23T04:44:29Z").
+inline std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return b;
+}
+
+/// The device text of a rank's "#  Rank" line and JSON "device_info".
+inline std::string device_info(transport_kind t, int rank) {
+  return t == transport_kind::mpi ? std::string("host memory (MPI rank)")
+                                  : "host memory (inproc thread " + std::to_string(rank) + ")";
+}
+
+/// nccl-tests' "#  Rank" line (device -1: host memory), newline included.
+inline std::string format_rank_line(const rank_record& r, transport_kind t) {
+  char b[512];
+  std::snprintf(b, sizeof b, "#  Rank %2d Group %2d Pid %6d on %10s device %2d [0x%02x] %s\n", r.rank, 0, r.pid,
+                r.hostname.c_str(), -1, 0u, device_info(t, r.rank).c_str());
+  return b;
+}
+
 namespace detail {
+inline const char* average_name(int a) {
+  switch (a) {
+  case 0: return "rank 0";
+  case 1: return "average over ranks";
+  case 2: return "min over ranks (the fastest rank)";
+  default: return "max over ranks (the slowest rank)";
+  }
+}
+} // namespace detail
+
+/// -a as a word: "rank0", "avg", "min" or "max".
+inline const char* average_short(int a) {
+  switch (a) {
+  case 0: return "rank0";
+  case 1: return "avg";
+  case 2: return "min";
+  default: return "max";
+  }
+}
+
+/// The run header: nccl-tests' first line, dpkit's comment lines (with -R and
+/// -I, one line each saying so), then "# Using devices" and every rank's line.
+inline void print_run_header(std::FILE* f, const run_info& info) {
+  const options& o = *info.opts;
+  const bool factor = o.step_factor > 1;
+  std::fprintf(f,
+               "# nThread %d nGpus %d minBytes %ld maxBytes %ld step: %ld(%s) warmup iters: %d iters: %d agg iters: %d "
+               "validation: %d graph: %d\n",
+               info.transport == transport_kind::inproc ? info.nranks : 1, o.ngpus, static_cast<long>(o.min_bytes),
+               static_cast<long>(o.max_bytes), static_cast<long>(factor ? o.step_factor : o.step_bytes),
+               factor ? "factor" : "bytes", o.warmup, o.iters, o.agg_iters, o.check, o.graph);
+  if (o.blocking) std::fprintf(f, "# Blocking Enabled: wait for completion and barrier after each collective \n");
+  if (o.graph > 0) std::fprintf(f, "# Option -G (CUDA graph) ignored: host transports have no CUDA graphs\n");
+  std::fprintf(f, "#\n");
+  const std::string tname(transport_name(info.transport));
+  std::fprintf(f, "# dpkit %s: %s over %s, %d ranks; busbw = algbw x %s = %.4g\n", info.program.c_str(),
+               info.collective.c_str(), tname.c_str(), info.nranks, info.busbw_formula.c_str(), info.busbw_factor);
+  std::fprintf(f, "# Time per op: %s (-a %d; 0 rank 0, 1 avg, 2 min, 3 max)\n", detail::average_name(o.average),
+               o.average);
+  std::fprintf(f, "# Collective options: segment_bytes %zu pipeline_depth %d\n", o.copts.segment_bytes,
+               o.copts.pipeline_depth);
+  if (o.rotate_auto)
+    std::fprintf(f,
+                 "# Buffer rotation: auto, per size enough sets to span 2 x the last-level cache (%zu bytes); "
+                 "iteration i uses set i mod N\n",
+                 info.llc_bytes);
+  else if (o.rotate > 1)
+    std::fprintf(f, "# Buffer rotation: %d sets of each buffer; iteration i uses set i mod %d\n", o.rotate, o.rotate);
+  if (o.iter_stats)
+    std::fprintf(f,
+                 "# Iteration statistics: i_min i_max i_p99 (us per op) and i_cv%% over iterations %d..%d, each the "
+                 "slowest rank's time\n",
+                 o.iter_skip, o.iters - 1);
+  if (info.skipped_native)
+    std::fprintf(f, "# Algorithm native skipped: the %s transport has no native collectives\n", tname.c_str());
+  std::fprintf(f, "#\n# Using devices\n");
+  for (const auto& r : info.ranks) std::fputs(format_rank_line(r, info.transport).c_str(), f);
+  std::fprintf(f, "#\n");
+}
+
+/// CSV: a header line, then one line per row_result (see docs/benchmarks.md);
+/// with -I each half adds i_min, i_max, i_p99, i_cv columns at the end.
+/// Returns false when the file cannot be written.
+inline bool write_csv(const std::string& path, const run_info& info, const std::vector<row_result>& rows) {
+  std::ofstream f(path);
+  if (!f) return false;
+  const bool stats = info.opts && info.opts->iter_stats;
+  f << "collective,algorithm,transport,nranks,size,count,type,redop,root,"
+       "oop_time_us,oop_algbw,oop_busbw,oop_wrong,ip_time_us,ip_algbw,ip_busbw,ip_wrong";
+  if (stats) f << ",oop_i_min_us,oop_i_max_us,oop_i_p99_us,oop_i_cv,ip_i_min_us,ip_i_max_us,ip_i_p99_us,ip_i_cv";
+  f << '\n';
+  auto half = [](const half_result& h) {
+    char b[160];
+    std::snprintf(b, sizeof b, "%.4f,%.6f,%.6f,", h.time_us, h.algbw, h.busbw);
+    return std::string(b) + (h.wrong >= 0 ? std::to_string(h.wrong) : std::string());
+  };
+  auto st = [](const half_result& h) {
+    char b[160];
+    std::snprintf(b, sizeof b, "%.4f,%.4f,%.4f,%.4f", h.stats.min, h.stats.max, h.stats.p99, h.stats.cv);
+    return std::string(b);
+  };
+  const std::string tname(transport_name(info.transport));
+  for (const auto& r : rows) {
+    f << info.collective << ',' << r.algorithm << ',' << tname << ',' << info.nranks << ',' << r.bytes << ','
+      << r.count << ',' << r.type << ',' << r.redop << ',' << r.root << ',' << half(r.oop) << ',' << half(r.ip);
+    if (stats) f << ',' << st(r.oop) << ',' << st(r.ip);
+    f << '\n';
+  }
+  return static_cast<bool>(f);
+}
+
+namespace detail {
+/// s as a JSON string literal.
 inline std::string json_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
@@ -150,82 +365,114 @@ inline std::string json_escape(const std::string& s) {
   }
   return "\"" + o + "\"";
 }
+/// v as a JSON number (6 significant digits); NaN and infinities as null.
 inline std::string json_num(double v) {
-  if (v != v) return "null";
+  if (!std::isfinite(v)) return "null";
   char b[64];
   std::snprintf(b, sizeof b, "%.6g", v);
   return b;
 }
+/// One half as nccl-tests' {"time", "alg_bw", "bus_bw", "nwrong"} (+ -I's i_* keys).
 inline std::string json_half(const half_result& h) {
-  return "{\"time\":" + json_num(h.time_us) + ",\"alg_bw\":" + json_num(h.algbw) + ",\"bus_bw\":" + json_num(h.busbw) +
-         ",\"nwrong\":" + (h.wrong >= 0 ? std::to_string(h.wrong) : std::string("null")) + "}";
+  std::string s = "{\"time\":" + json_num(h.time_us) + ",\"alg_bw\":" + json_num(h.algbw) +
+                  ",\"bus_bw\":" + json_num(h.busbw) +
+                  ",\"nwrong\":" + (h.wrong >= 0 ? std::to_string(h.wrong) : std::string("null"));
+  if (h.has_stats)
+    s += ",\"i_min\":" + json_num(h.stats.min) + ",\"i_max\":" + json_num(h.stats.max) +
+         ",\"i_p99\":" + json_num(h.stats.p99) + ",\"i_cv\":" + json_num(h.stats.cv);
+  return s + "}";
+}
+/// The environment variables that change what a run measures (Open MPI's
+/// MCA settings, dpkit's and NCCL's variables), as a JSON object.
+inline std::string json_env() {
+  std::string s = "{";
+  bool first = true;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv(*e);
+    if (kv.rfind("OMPI_MCA_", 0) != 0 && kv.rfind("DPKIT_", 0) != 0 && kv.rfind("NCCL_", 0) != 0) continue;
+    // mpirun's own bookkeeping for the launched job, not settings
+    bool launcher = false;
+    for (const char* p : {"OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir",
+                          "OMPI_MCA_shmem_RUNTIME_QUERY_hint"})
+      launcher = launcher || kv.rfind(p, 0) == 0;
+    if (launcher) continue;
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    s += (first ? "" : ",") + json_escape(kv.substr(0, eq)) + ":" + json_escape(kv.substr(eq + 1));
+    first = false;
+  }
+  return s + "}";
 }
 } // namespace detail
 
-/// Run-wide facts the CSV / JSON files record.
-struct run_info {
-  std::string program;    ///< e.g. "allreduce_perf"
-  std::string collective; ///< e.g. "allreduce"
-  std::string transport;  ///< "mpi" or "inproc"
-  int nranks = 1;
-  double busbw_factor = 1;
-  std::string time_reduction; ///< "max" ...
-  const options* opts = nullptr;
-};
-
-/// CSV: a header line, then one line per row_result (see docs/benchmarks.md).
-inline bool write_csv(const std::string& path, const run_info& info, const std::vector<row_result>& rows) {
-  std::ofstream f(path);
-  if (!f) return false;
-  f << "collective,algorithm,transport,nranks,size,count,type,redop,root,"
-       "oop_time_us,oop_algbw,oop_busbw,oop_wrong,ip_time_us,ip_algbw,ip_busbw,ip_wrong\n";
-  auto half = [](const half_result& h) {
-    char b[160];
-    std::snprintf(b, sizeof b, "%.4f,%.6f,%.6f,", h.time_us, h.algbw, h.busbw);
-    return std::string(b) + (h.wrong >= 0 ? std::to_string(h.wrong) : std::string());
-  };
-  for (const auto& r : rows) {
-    f << info.collective << ',' << r.algorithm << ',' << info.transport << ',' << info.nranks << ',' << r.bytes << ','
-      << r.count << ',' << r.type << ',' << r.redop << ',' << r.root << ',' << half(r.oop) << ',' << half(r.ip) << '\n';
-  }
-  return static_cast<bool>(f);
-}
-
-/// JSON: one object with the run's configuration and a "results" list whose
-/// records use nccl-tests' JSON keys (size, count, type, redop, root,
-/// out_of_place / in_place {time, alg_bw, bus_bw, nwrong}) plus "algorithm".
+/// JSON in nccl-tests 2.19's layout (-J): version, start_time, args, env,
+/// nccl_version (null: no NCCL here), ranks[] {rank, group, pid, hostname,
+/// device, device_hex, device_info}, results[] {size, count, type, redop,
+/// root, actual_iterations, experiment_name (the algorithm), out_of_place /
+/// in_place {time, alg_bw, bus_bw, nwrong (+ i_min, i_max, i_p99, i_cv with
+/// -I)}, algorithm}, config {nthreads, ngpus, minimum_bytes, maximum_bytes,
+/// step_factor | step_bytes, warmup_iters, iterations, aggregated_iterations,
+/// validation, graph}, end_time, and dpkit's own facts under "dpkit".
+/// Returns false when the file cannot be written.
 inline bool write_json(const std::string& path, const run_info& info, const std::vector<row_result>& rows,
-                       const std::vector<std::pair<std::string, std::pair<int, double>>>& tables) {
+                       const std::vector<table_summary>& tables) {
   std::ofstream f(path);
   if (!f) return false;
   const options& o = *info.opts;
   using detail::json_escape;
   using detail::json_num;
-  f << "{\"version\":1,\"program\":" << json_escape(info.program) << ",\"collective\":" << json_escape(info.collective)
-    << ",\"transport\":" << json_escape(info.transport) << ",\"nranks\":" << info.nranks
-    << ",\"busbw_factor\":" << json_num(info.busbw_factor) << ",\"args\":[";
-  for (std::size_t i = 0; i < o.argv.size(); ++i) f << (i ? "," : "") << json_escape(o.argv[i]);
-  f << "],\"config\":{\"nthreads\":" << o.nthreads << ",\"ngpus\":" << o.ngpus << ",\"minbytes\":" << o.min_bytes
-    << ",\"maxbytes\":" << o.max_bytes << ",\"stepbytes\":" << o.step_bytes << ",\"stepfactor\":" << o.step_factor
-    << ",\"warmup_iters\":" << o.warmup << ",\"iters\":" << o.iters << ",\"agg_iters\":" << o.agg_iters
-    << ",\"check\":" << o.check << ",\"blocking\":" << o.blocking << ",\"time_reduction\":"
-    << json_escape(info.time_reduction) << ",\"average\":" << o.average
-    << ",\"segment_bytes\":" << o.copts.segment_bytes << ",\"pipeline_depth\":" << o.copts.pipeline_depth << "}";
-  f << ",\"tables\":[";
-  for (std::size_t i = 0; i < tables.size(); ++i)
-    f << (i ? "," : "") << "{\"algorithm\":" << json_escape(tables[i].first)
-      << ",\"out_of_bounds\":" << tables[i].second.first << ",\"avg_bus_bw\":" << json_num(tables[i].second.second)
-      << "}";
-  f << "],\"results\":[";
+  std::string args;
+  for (std::size_t i = 0; i < o.argv.size(); ++i) args += (i ? " " : "") + o.argv[i];
+  f << "{\"version\":\"dpkit-bench 2 (nccl-tests 2.19 layout)\",\"start_time\":" << json_escape(info.start_time)
+    << ",\"args\":" << json_escape(args) << ",\"env\":" << detail::json_env() << ",\"nccl_version\":null,\n\"ranks\":[";
+  for (std::size_t i = 0; i < info.ranks.size(); ++i) {
+    const auto& r = info.ranks[i];
+    f << (i ? "," : "") << "{\"rank\":" << r.rank << ",\"group\":0,\"pid\":" << r.pid
+      << ",\"hostname\":" << json_escape(r.hostname) << ",\"device\":-1,\"device_hex\":\"0x00\",\"device_info\":"
+      << json_escape(device_info(info.transport, r.rank)) << "}";
+  }
+  f << "],\n\"results\":[";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
-    f << (i ? ",\n" : "\n") << "{\"algorithm\":" << json_escape(r.algorithm) << ",\"size\":" << r.bytes
-      << ",\"count\":" << r.count << ",\"type\":" << json_escape(r.type) << ",\"redop\":" << json_escape(r.redop)
-      << ",\"root\":" << r.root << ",\"out_of_place\":" << detail::json_half(r.oop)
-      << ",\"in_place\":" << detail::json_half(r.ip) << "}";
+    f << (i ? ",\n" : "\n") << "{\"size\":" << r.bytes << ",\"count\":" << r.count << ",\"type\":" << json_escape(r.type)
+      << ",\"redop\":" << json_escape(r.redop) << ",\"root\":" << r.root
+      << ",\"actual_iterations\":" << o.iters << ",\"experiment_name\":" << json_escape(r.algorithm)
+      << ",\"out_of_place\":" << detail::json_half(r.oop) << ",\"in_place\":" << detail::json_half(r.ip)
+      << ",\"algorithm\":" << json_escape(r.algorithm) << "}";
   }
-  f << "\n]}\n";
+  const bool factor = o.step_factor > 1;
+  f << "\n],\n\"config\":{\"nthreads\":" << (info.transport == transport_kind::inproc ? info.nranks : 1)
+    << ",\"ngpus\":" << o.ngpus << ",\"minimum_bytes\":" << o.min_bytes << ",\"maximum_bytes\":" << o.max_bytes
+    << (factor ? ",\"step_factor\":" : ",\"step_bytes\":") << (factor ? o.step_factor : o.step_bytes)
+    << ",\"warmup_iters\":" << o.warmup << ",\"iterations\":" << o.iters << ",\"aggregated_iterations\":" << o.agg_iters
+    << ",\"validation\":" << o.check << ",\"graph\":" << o.graph << "},\n\"end_time\":" << json_escape(info.end_time);
+  f << ",\n\"dpkit\":{\"program\":" << json_escape(info.program) << ",\"collective\":" << json_escape(info.collective)
+    << ",\"transport\":" << json_escape(std::string(transport_name(info.transport))) << ",\"nranks\":" << info.nranks
+    << ",\"busbw_factor\":" << json_num(info.busbw_factor) << ",\"time_reduction\":"
+    << json_escape(average_short(o.average)) << ",\"average\":" << o.average << ",\"blocking\":" << o.blocking
+    << ",\"segment_bytes\":" << o.copts.segment_bytes << ",\"pipeline_depth\":" << o.copts.pipeline_depth
+    << ",\"rotate\":" << (o.rotate_auto ? std::string("\"auto\"") : std::to_string(o.rotate))
+    << ",\"llc_bytes\":" << info.llc_bytes << ",\"iteration_stats\":" << o.iter_stats
+    << ",\"iteration_skip\":" << o.iter_skip << ",\"tables\":[";
+  for (std::size_t i = 0; i < tables.size(); ++i)
+    f << (i ? "," : "") << "{\"algorithm\":" << json_escape(tables[i].algorithm)
+      << ",\"out_of_bounds\":" << tables[i].out_of_bounds << ",\"avg_bus_bw\":" << json_num(tables[i].avg_bus_bw) << "}";
+  f << "]}}\n";
   return static_cast<bool>(f);
+}
+
+/// Writes --csv and -J files (when asked) and says so on f, as before.
+inline void write_result_files(std::FILE* f, const run_info& info, const std::vector<row_result>& rows,
+                               const std::vector<table_summary>& tables) {
+  const options& o = *info.opts;
+  if (!o.csv_file.empty()) {
+    if (write_csv(o.csv_file, info, rows)) std::fprintf(f, "# Wrote CSV results to %s\n", o.csv_file.c_str());
+    else std::fprintf(f, "# Could not write CSV results to %s\n", o.csv_file.c_str());
+  }
+  if (!o.json_file.empty()) {
+    if (write_json(o.json_file, info, rows, tables)) std::fprintf(f, "# Wrote JSON results to %s\n", o.json_file.c_str());
+    else std::fprintf(f, "# Could not write JSON results to %s\n", o.json_file.c_str());
+  }
 }
 
 } // namespace dpkit_bench

@@ -1,0 +1,183 @@
+// dpkit benchmarks: what the five *_perf programs know about their
+// collective (name, busbw factor, buffer counts), the algorithms -A can pick
+// (one table, in -A all order), and the one call that runs a collective with
+// an algorithm. Everything a *_perf program needs is its `collective` value.
+#pragma once
+
+#include "bench_options.hpp"
+
+#include <dpkit/dpkit.hpp>
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace dpkit_bench {
+
+/// "allreduce", "reduce_scatter", ... (the program is name + "_perf").
+inline constexpr std::string_view collective_name(collective k) noexcept {
+  switch (k) {
+  case collective::allreduce: return "allreduce";
+  case collective::reduce_scatter: return "reduce_scatter";
+  case collective::allgather: return "allgather";
+  case collective::broadcast: return "broadcast";
+  case collective::reduce: return "reduce";
+  }
+  return "?";
+}
+
+/// nccl-tests' bus-bandwidth factor as printed in the header: all-reduce
+/// "2(n-1)/n", reduce-scatter and all-gather "(n-1)/n", broadcast and reduce "1".
+inline constexpr std::string_view busbw_formula(collective k) noexcept {
+  switch (k) {
+  case collective::allreduce: return "2(n-1)/n";
+  case collective::reduce_scatter: case collective::allgather: return "(n-1)/n";
+  case collective::broadcast: case collective::reduce: break;
+  }
+  return "1";
+}
+
+/// busbw = algbw x busbw_factor(k, n) (nccl-tests' getBw), for n >= 1 ranks.
+inline constexpr double busbw_factor(collective k, int n) noexcept {
+  switch (k) {
+  case collective::allreduce: return 2.0 * (n - 1) / n;
+  case collective::reduce_scatter: case collective::allgather: return static_cast<double>(n - 1) / n;
+  case collective::broadcast: case collective::reduce: break;
+  }
+  return 1.0;
+}
+
+/// True for the collectives that reduce (take -o).
+inline constexpr bool reduces(collective k) noexcept {
+  return k == collective::allreduce || k == collective::reduce_scatter || k == collective::reduce;
+}
+/// True for the collectives with a root (take -r).
+inline constexpr bool rooted(collective k) noexcept { return k == collective::broadcast || k == collective::reduce; }
+
+/// Element counts of a collective at total element count `total` (size /
+/// typesize) on n ranks, as nccl-tests' getCollByteCount: send and receive
+/// buffer lengths and the count the collective's API takes.
+struct coll_counts {
+  std::size_t send, recv, param;
+};
+/// See coll_counts; n >= 1.
+inline coll_counts counts_for(collective k, std::size_t total, int n) {
+  const std::size_t nn = static_cast<std::size_t>(n);
+  switch (k) {
+  case collective::reduce_scatter: return {(total / nn) * nn, total / nn, total / nn};
+  case collective::allgather: return {total / nn, (total / nn) * nn, total / nn};
+  case collective::allreduce: case collective::broadcast: case collective::reduce: break;
+  }
+  return {total, total, total};
+}
+
+/// What a transport must offer for an algorithm to run on it.
+enum class transport_need {
+  nothing,           ///< any dpkit transport (point-to-point algorithms)
+  native_collectives ///< dpkit::native_collectives<C> (MPI's own collectives)
+};
+
+/// True when transport C offers `need`.
+template <class C>
+inline constexpr bool transport_has(transport_need need) noexcept {
+  return need == transport_need::nothing || dpkit::native_collectives<C>;
+}
+
+/// One algorithm the *_perf programs can measure.
+struct algorithm_entry {
+  dpkit::algorithm algo;   ///< what is passed to the collective
+  std::string_view label;  ///< -A spelling and the "# Algorithm:" line
+  transport_need need;     ///< what the transport must offer
+  unsigned collectives;    ///< bit (1 << collective) set when that collective has it
+};
+
+/// Bit of collective k in algorithm_entry::collectives.
+inline constexpr unsigned bit(collective k) noexcept { return 1u << static_cast<unsigned>(k); }
+/// Every collective.
+inline constexpr unsigned all_collectives = bit(collective::allreduce) | bit(collective::reduce_scatter) |
+                                            bit(collective::allgather) | bit(collective::broadcast) |
+                                            bit(collective::reduce);
+
+/// The algorithms, in -A all order (each size is measured for all of them
+/// back to back). run_collective hands the algorithm to dpkit's dispatcher,
+/// so a new dpkit::algorithm (e.g. shm) is one line here, plus a
+/// transport_need and its case in transport_has when it needs a capability.
+inline constexpr std::array algorithm_table{
+    algorithm_entry{dpkit::algorithm::ring, "ring", transport_need::nothing,
+                    bit(collective::allreduce) | bit(collective::reduce_scatter) | bit(collective::allgather)},
+    algorithm_entry{dpkit::algorithm::tree, "tree", transport_need::nothing,
+                    bit(collective::allreduce) | bit(collective::broadcast) | bit(collective::reduce)},
+    algorithm_entry{dpkit::algorithm::native, "native", transport_need::native_collectives, all_collectives},
+    algorithm_entry{dpkit::algorithm::automatic, "auto", transport_need::nothing, all_collectives},
+};
+
+/// The table entry of `a` (every dpkit::algorithm the table knows), or nullopt.
+inline constexpr std::optional<algorithm_entry> find_algorithm(dpkit::algorithm a) noexcept {
+  for (const auto& e : algorithm_table)
+    if (e.algo == a) return e;
+  return std::nullopt;
+}
+
+/// The -A label of `a` ("auto" for automatic).
+inline constexpr std::string_view algorithm_label(dpkit::algorithm a) noexcept {
+  const auto e = find_algorithm(a);
+  return e ? e->label : dpkit::algorithm_name(a);
+}
+
+/// What one collective call gets. Spans point into buffers allocated once.
+template <class T>
+struct op_args {
+  std::span<T> in;   ///< out-of-place input (send count elements)
+  std::span<T> out;  ///< out-of-place output (receive count elements)
+  std::span<T> buf;  ///< in-place buffer (the larger of the two counts)
+  std::size_t count; ///< the per-rank count the collective's API takes (nccl-tests' count column)
+  dpkit::reduce_op op;
+  int root; ///< -1 for rootless collectives
+  dpkit::collective_options opts;
+  bool in_place;
+};
+
+/// Where rank `rank`'s in-place result starts in op_args::buf (NCCL's
+/// convention, which dpkit's dispatchers follow for every algorithm): a
+/// reduce-scatter's at rank x count of the big buffer, everything else at 0.
+inline constexpr std::size_t inplace_result_offset(collective k, int rank, std::size_t count) noexcept {
+  return k == collective::reduce_scatter ? static_cast<std::size_t>(rank) * count : 0;
+}
+
+/// Runs collective k once with algorithm a on x (in place or not, as x says),
+/// through dpkit's dispatcher for that collective (dpkit::allreduce with
+/// allreduce_policy{a}, dpkit::reduce_scatter, allgather, broadcast, reduce
+/// with a): `native` is the transport's own collective, `automatic` dpkit's
+/// choice. Throws dpkit::invalid_argument for an algorithm the collective or
+/// transport does not have (the driver never selects one).
+template <class C, class T>
+void run_collective(collective k, C& comm, dpkit::algorithm a, const op_args<T>& x) {
+  const std::span<const T> in = x.in;
+  switch (k) {
+  case collective::allreduce:
+    if (x.in_place) dpkit::allreduce(comm, x.buf, x.op, dpkit::allreduce_policy{.algo = a}, x.opts);
+    else dpkit::allreduce(comm, in, x.out, x.op, dpkit::allreduce_policy{.algo = a}, x.opts);
+    return;
+  case collective::reduce_scatter:
+    if (x.in_place) dpkit::reduce_scatter(comm, x.buf, x.op, a, x.opts);
+    else dpkit::reduce_scatter(comm, in, x.out, x.op, a, x.opts);
+    return;
+  case collective::allgather:
+    if (x.in_place) dpkit::allgather(comm, x.buf, a, x.opts);
+    else dpkit::allgather(comm, in, x.out, a, x.opts);
+    return;
+  case collective::broadcast:
+    if (x.in_place) dpkit::broadcast(comm, x.buf, x.root, a, x.opts);
+    else dpkit::broadcast(comm, in, x.out, x.root, a, x.opts);
+    return;
+  case collective::reduce:
+    if (x.in_place) dpkit::reduce(comm, x.buf, x.op, x.root, a, x.opts);
+    else dpkit::reduce(comm, in, x.out, x.op, x.root, a, x.opts);
+    return;
+  }
+}
+
+} // namespace dpkit_bench

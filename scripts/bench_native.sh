@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# dpkit's all-reduce against the best native one on this node, from one
+# command: allreduce_perf (np=2, float sum, 8 B .. 256 MiB by default) runs
+#   1. every dpkit algorithm (-A all: ring, tree, auto, ...) and native
+#      MPI_Allreduce under Open MPI's default coll/tuned, back to back per size;
+#   2. native MPI_Allreduce under coll/sm forced (mpirun --mca
+#      coll_sm_priority 100; dpkit's algorithms use point-to-point messages,
+#      which coll/sm does not change, so they are not run again);
+# then prints one table per half (out-of-place, in-place): time in us per
+# size for each dpkit algorithm, native tuned and native sm, and the ratio of
+# dpkit's auto to the faster native (> 1: auto is faster).
+#
+#   scripts/bench_native.sh                      # 8 B .. 256 MiB, -f 2
+#   scripts/bench_native.sh -b 8 -e 16M -f 4     # other sizes
+#   scripts/bench_native.sh -R auto -I 1         # any allreduce_perf flag
+#   NP=4 scripts/bench_native.sh                 # more ranks (--oversubscribe)
+#   KEEP=dir scripts/bench_native.sh             # keep both runs' CSV and logs in dir
+#
+# Extra arguments are passed to both runs; a flag given there replaces the
+# default (-b 8 -e 256M -f 2 -d float -o sum -c 1). Environment: NP (2), BUILD (build), KEEP (a directory for the raw
+# files; default: a temporary one, removed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/env.sh
+BUILD=${BUILD:-build}
+[ -d "$BUILD/meson-info" ] || meson setup "$BUILD" --buildtype=release
+ninja -C "$BUILD" benchmarks/allreduce_perf >/dev/null
+NP=${NP:-2}
+if [ -n "${KEEP:-}" ]; then
+  mkdir -p "$KEEP"
+  dir=$KEEP
+else
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' EXIT
+fi
+# Defaults, each dropped when the arguments set that flag (CLI11 takes one of each).
+defaults=()
+for d in "-b --minbytes 8" "-e --maxbytes 256M" "-f --stepfactor 2" "-d --datatype float" "-o --op sum" "-c --check 1"; do
+  read -r short long value <<<"$d"
+  given=0
+  for a in "$@"; do [ "$a" = "$short" ] || [ "$a" = "$long" ] || [[ "$a" == "$long="* ]] && given=1; done
+  [ $given = 1 ] || defaults+=("$short" "$value")
+done
+run() { # name, -A value, extra mpirun args...
+  local name=$1 algos=$2
+  shift 2
+  echo "# run: mpirun -np $NP --oversubscribe $* $BUILD/benchmarks/allreduce_perf ${defaults[*]} -A $algos $EXTRA --csv $dir/$name.csv" >&2
+  # shellcheck disable=SC2086
+  if ! mpirun -np "$NP" --oversubscribe "$@" "$BUILD/benchmarks/allreduce_perf" "${defaults[@]}" -A "$algos" $EXTRA \
+      --csv "$dir/$name.csv" >"$dir/$name.log" 2>&1; then
+    cat "$dir/$name.log" >&2
+    echo "bench_native.sh: the $name run failed (log above)" >&2
+    exit 1
+  fi
+  grep -E '^# (Algorithm:|Out of bounds)' "$dir/$name.log" | paste - - | sed "s/^/# $name: /" >&2
+}
+EXTRA="$*"
+run tuned all
+run sm native --mca coll_sm_priority 100
+python3 - "$dir/tuned.csv" "$dir/sm.csv" "$NP" <<'EOF'
+import csv
+import sys
+
+tuned, sm, np = sys.argv[1], sys.argv[2], sys.argv[3]
+
+
+def load(path):
+    rows = {}
+    algos = []
+    with open(path, encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            a = r["algorithm"]
+            if a not in algos:
+                algos.append(a)
+            rows[(a, int(r["size"]))] = r
+    return rows, algos
+
+
+t_rows, t_algos = load(tuned)
+s_rows, _ = load(sm)
+dpkit = [a for a in t_algos if a != "native"]
+sizes = sorted({s for (_, s) in t_rows})
+
+
+def human(n):
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k and n % k == 0:
+            return f"{n // k} {unit}"
+    return f"{n} B"
+
+
+def cell(rows, a, s, half):
+    r = rows.get((a, s))
+    return float(r[half + "_time_us"]) if r else None
+
+
+def fmt(v):
+    return "-" if v is None else (f"{v:.2f}" if v < 100 else f"{v:.1f}" if v < 10000 else f"{v:.0f}")
+
+
+wrong = sum(int(r[h + "_wrong"] or 0) for rows in (t_rows, s_rows) for r in rows.values() for h in ("oop", "ip"))
+for half, title in (("oop", "out-of-place"), ("ip", "in-place")):
+    print(f"\n### allreduce, np={np}, float sum, {title}: time per op (us), slowest rank\n")
+    cols = [f"dpkit {a}" for a in dpkit] + ["native tuned", "native sm", "auto / best native"]
+    print("| size | " + " | ".join(cols) + " |")
+    print("|---:|" + "---:|" * len(cols))
+    for s in sizes:
+        vals = [cell(t_rows, a, s, half) for a in dpkit]
+        nt, ns = cell(t_rows, "native", s, half), cell(s_rows, "native", s, half)
+        auto = cell(t_rows, "auto", s, half)
+        best = min(v for v in (nt, ns) if v is not None) if (nt or ns) else None
+        ratio = f"{best / auto:.2f}x" if auto and best else "-"
+        print(f"| {human(s)} | " + " | ".join(fmt(v) for v in vals + [nt, ns]) + f" | {ratio} |")
+print(f"\n#wrong over both runs, every algorithm and size: {wrong}")
+sys.exit(1 if wrong else 0)
+EOF
