@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: installs dependencies if missing, builds in build/
-# (release) and runs every suite (core, collectives, mpi, data, fusion, gpu,
+# (release) and runs every suite (core, collectives, mpi, data, fusion, bench, torch, gpu,
 # odr) with meson test. GPU tests report SKIP without a device.
 #   scripts/test.sh              release build in build/
 #   scripts/test.sh --sanitize   -Db_sanitize=address,undefined build in build-asan/

@@ -134,6 +134,7 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
   std::string b = "32M", e = "32M", i = "1M", seg;
   int depth = 0;
   long timeout_s = 0;
+  bool native_deadline = false;
   std::string memory = "host", rotate = "0";
   app.add_option("-t,--nthreads", o.nthreads,
                  "ranks run as threads of this process over the inproc transport (dpkit's analogue of nccl-tests' "
@@ -170,7 +171,10 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
                  "ring|tree|native|auto|all, or a comma list (dpkit extension), default auto");
   app.add_option("-S,--segment-bytes", seg, "collective_options.segment_bytes (K/M/G suffixes) for tuning sweeps");
   app.add_option("--depth", depth, "collective_options.pipeline_depth (>= 1)");
-  app.add_option("-T,--timeout", timeout_s, "collective timeout in seconds (default: dpkit's 30 min)");
+  app.add_option("-T,--timeout", timeout_s, "collective timeout in seconds (default: DPKIT_TIMEOUT, else 30 min)");
+  app.add_flag("--native-deadline", native_deadline,
+               "time native as dpkit runs it by default: MPI's non-blocking collective waited against the deadline "
+               "(default: the blocking MPI call, the baseline)");
   app.add_option("--memory", memory, "host: where buffers live (device buffers are not supported)");
 
   const bool print = detail::launcher_rank0();
@@ -237,6 +241,10 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
   if (depth > 0) o.copts.pipeline_depth = depth;
   if (o.copts.segment_bytes == 0) return fail("-S must be > 0");
   if (timeout_s > 0) o.copts.timeout = std::chrono::milliseconds(timeout_s * 1000);
+  // Native is the baseline: the blocking MPI collective (MPI_Allreduce under
+  // coll/tuned or coll/sm), not the non-blocking one dpkit waits against the
+  // deadline by default (docs/reliability.md).
+  o.copts.native_deadline = native_deadline;
   if (o.iter_stats != 0 && o.iter_stats != 1) return fail("-I must be 0 or 1");
   if (o.iter_skip < 0) return fail("-K must be >= 0");
   if (o.iter_stats && o.iter_skip >= o.iters)

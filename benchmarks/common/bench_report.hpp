@@ -293,6 +293,9 @@ inline void print_run_header(std::FILE* f, const run_info& info) {
                o.average);
   std::fprintf(f, "# Collective options: segment_bytes %zu pipeline_depth %d\n", o.copts.segment_bytes,
                o.copts.pipeline_depth);
+  std::fprintf(f, "# Deadline: %.3f s per collective (-T, else DPKIT_TIMEOUT, else 1800); checking level %d (DPKIT_CHECK); native: %s\n",
+               static_cast<double>(o.copts.timeout.count()) / 1000.0, o.copts.check,
+               o.copts.native_deadline ? "non-blocking, waited against the deadline" : "blocking MPI call (no deadline)");
   if (o.rotate_auto)
     std::fprintf(f,
                  "# Buffer rotation: auto, per size enough sets to span 2 x the last-level cache (%zu bytes); "
