@@ -1,12 +1,13 @@
 /// @file mapped_file.hpp
 /// @brief RAII read-only memory mapping of a whole file (POSIX mmap).
 ///
-/// Used by the JSONL index (design section 5) to read data and index files at
+/// Used by the JSONL index (docs/data.md) to read data and index files at
 /// memory speed without copying them. Depends only on the standard library and
 /// POSIX.
 #pragma once
 
 #include <dpkit/core/errors.hpp>
+#include <dpkit/data/detail/posix_file.hpp>
 
 #include <cerrno>
 #include <cstddef>
@@ -32,20 +33,7 @@ enum class access_advice {
   willneed,   ///< MADV_WILLNEED: start reading the pages in now.
 };
 
-namespace detail::data {
-
-/// Formats "<what> '<path>': <strerror(err)> (errno <err>)".
-inline std::string errno_message(std::string_view what, const std::filesystem::path& path, int err) {
-  std::string msg(what);
-  msg += " '";
-  msg += path.string();
-  msg += "': ";
-  msg += std::strerror(err);
-  msg += " (errno ";
-  msg += std::to_string(err);
-  msg += ')';
-  return msg;
-}
+namespace detail {
 
 /// Maps dpkit::access_advice to the MADV_* constant.
 inline int madvise_flag(access_advice advice) noexcept {
@@ -58,12 +46,7 @@ inline int madvise_flag(access_advice advice) noexcept {
   return MADV_NORMAL;
 }
 
-/// Modification time of a stat result in nanoseconds since the Unix epoch.
-inline std::int64_t mtime_ns(const struct stat& st) noexcept {
-  return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(st.st_mtim.tv_nsec);
-}
-
-} // namespace detail::data
+} // namespace detail
 
 /// A read-only, private mapping of a whole file.
 ///
@@ -83,26 +66,26 @@ public:
   ///         cannot be opened, stat'ed or mapped, or is not a regular file.
   explicit mapped_file(const std::filesystem::path& path, access_advice advice = access_advice::normal) : path_(path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw error(detail::data::errno_message("mapped_file: cannot open", path, errno));
+    if (fd < 0) throw error(detail::errno_message("mapped_file: cannot open", path, errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
       const int err = errno;
       ::close(fd);
-      throw error(detail::data::errno_message("mapped_file: cannot stat", path, err));
+      throw error(detail::errno_message("mapped_file: cannot stat", path, err));
     }
     if (!S_ISREG(st.st_mode)) {
       ::close(fd);
       throw error("mapped_file: '" + path.string() + "' is not a regular file");
     }
     size_ = static_cast<std::size_t>(st.st_size);
-    mtime_ns_ = detail::data::mtime_ns(st);
+    mtime_ns_ = detail::mtime_ns(st);
     if (size_ > 0) {
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
       if (p == MAP_FAILED) {
         const int err = errno;
         ::close(fd);
         size_ = 0;
-        throw error(detail::data::errno_message("mapped_file: cannot mmap", path, err));
+        throw error(detail::errno_message("mapped_file: cannot mmap", path, err));
       }
       data_ = static_cast<const char*>(p);
     }
@@ -159,7 +142,7 @@ public:
     const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
     const std::size_t start = offset - offset % page;
     const std::size_t end = (length > size_ - offset) ? size_ : offset + length;
-    ::madvise(const_cast<char*>(data_) + start, end - start, detail::data::madvise_flag(advice));
+    ::madvise(const_cast<char*>(data_) + start, end - start, detail::madvise_flag(advice));
   }
 
 private:

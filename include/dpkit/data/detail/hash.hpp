@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace dpkit::detail::data {
+namespace dpkit::detail {
 
 /// splitmix64's finalizer (Steele, Lea, Flood 2014): a bijective 64-bit mixer.
 inline constexpr std::uint64_t mix64(std::uint64_t z) noexcept {
@@ -58,4 +58,12 @@ inline std::uint64_t hash_bytes(const void* data, std::size_t n, std::uint64_t s
   return mix64(h);
 }
 
+} // namespace dpkit::detail
+
+namespace dpkit::detail::data {
+// Transitional spellings for sampler headers that still say detail::data::
+// (permutation.hpp, token_budget_sampler.hpp); remove once they use dpkit::detail.
+using dpkit::detail::hash_bytes;
+using dpkit::detail::mix64;
+using dpkit::detail::splitmix64;
 } // namespace dpkit::detail::data
