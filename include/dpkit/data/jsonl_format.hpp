@@ -43,10 +43,9 @@ inline std::filesystem::path default_index_path(const std::filesystem::path& sou
 
 namespace detail {
 
-
 inline constexpr std::array<char, 8> index_magic = {'D', 'P', 'K', 'J', 'S', 'O', 'N', 'L'};
-inline constexpr std::uint32_t index_version = 1;
-inline constexpr std::size_t index_fixed_header_bytes = 96;
+inline constexpr std::uint32_t index_version = 2;
+inline constexpr std::size_t index_fixed_header_bytes = 128;
 inline constexpr std::size_t index_column_descriptor_bytes = 32;
 inline constexpr std::uint64_t flag_blank_lines_skipped = 1;
 inline constexpr std::uint32_t column_u32_values = 1;   // u32 per index line (lengths)
@@ -54,6 +53,31 @@ inline constexpr std::uint32_t column_u64_source_line = 2; // u64 source line nu
 inline constexpr std::size_t fingerprint_window = 4096;
 inline constexpr std::uint64_t header_checksum_seed = 0x6470'6b69'7468'6472ULL;
 inline constexpr std::uint64_t body_checksum_seed = 0x6470'6b69'7462'6f64ULL;
+inline constexpr std::uint64_t content_hash_seed = 0x6470'6b69'7463'6e74ULL;
+/// Granularity of the source content hash (format constant, 1 MiB).
+inline constexpr std::uint64_t content_chunk_bytes = std::uint64_t{1} << 20;
+
+/// Hash of one content chunk (chunk `i` of the source, at most
+/// content_chunk_bytes bytes): hash_bytes(chunk, seed = i).
+inline std::uint64_t content_chunk_hash(const char* p, std::size_t n, std::uint64_t i) noexcept { return hash_bytes(p, n, i); }
+
+/// The source content hash from its chunk hashes (in chunk order):
+/// hash_bytes(chunk hashes as u64 LE, seed = content_hash_seed ^ source size).
+inline std::uint64_t content_hash_combine(const std::uint64_t* chunk_hashes, std::size_t chunks, std::uint64_t size) noexcept {
+  return hash_bytes(chunk_hashes, chunks * 8, content_hash_seed ^ size);
+}
+
+/// The content hash of a whole source (one read; used at open when the
+/// source's identity changed and the caller asked for a content check).
+inline std::uint64_t source_content_hash(std::string_view bytes) {
+  const std::uint64_t n = bytes.size();
+  std::vector<std::uint64_t> h((n + content_chunk_bytes - 1) / content_chunk_bytes);
+  for (std::uint64_t i = 0; i < h.size(); ++i) {
+    const std::uint64_t b = i * content_chunk_bytes;
+    h[i] = content_chunk_hash(bytes.data() + b, static_cast<std::size_t>(std::min(content_chunk_bytes, n - b)), i);
+  }
+  return content_hash_combine(h.data(), h.size(), n);
+}
 
 /// Fingerprint of a source: hash of its first and last 4 KiB (windows overlap
 /// for small files), seeded with its size.
@@ -77,10 +101,12 @@ inline std::uint64_t get_u64(const unsigned char* p) noexcept {
   return v;
 }
 
-inline bool is_blank(const char* p, std::size_t n) noexcept {
+/// True if [p, p + n) is a blank line: only ' ', '\\t', '\\r', '\\f', '\\v'
+/// (and, with `newlines`, '\\n': a run of blank lines).
+inline bool is_blank(const char* p, std::size_t n, bool newlines = false) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     const char c = p[i];
-    if (c != ' ' && c != '\t' && c != '\r' && c != '\f' && c != '\v') return false;
+    if (c != ' ' && c != '\t' && c != '\r' && c != '\f' && c != '\v' && !(newlines && c == '\n')) return false;
   }
   return true;
 }
@@ -103,6 +129,10 @@ struct index_header {
   std::uint64_t lines = 0;
   std::uint64_t source_lines = 0;
   std::uint64_t body_checksum = 0;
+  std::uint64_t source_device = 0;    // st_dev
+  std::uint64_t source_inode = 0;     // st_ino
+  std::int64_t source_ctime_ns = 0;   // st_ctim
+  std::uint64_t source_content_hash = 0;
   std::vector<column_descriptor> columns;
 
   [[nodiscard]] static std::uint64_t column_bytes(std::uint32_t type, std::uint64_t lines) noexcept {
@@ -126,7 +156,12 @@ inline std::vector<unsigned char> encode_header(const index_header& h) {
   put_u32(&b[64], static_cast<std::uint32_t>(h.columns.size()));
   put_u32(&b[68], 0);
   put_u64(&b[72], h.body_checksum);
-  // [80, 88): header checksum, filled last; [88, 96): reserved (0)
+  // [80, 88): header checksum, filled last
+  put_u64(&b[88], h.source_device);
+  put_u64(&b[96], h.source_inode);
+  put_u64(&b[104], static_cast<std::uint64_t>(h.source_ctime_ns));
+  put_u64(&b[112], h.source_content_hash);
+  // [120, 128): reserved (0)
   for (std::size_t c = 0; c < h.columns.size(); ++c) {
     unsigned char* d = &b[index_fixed_header_bytes + c * index_column_descriptor_bytes];
     std::memcpy(d, h.columns[c].name.data(), h.columns[c].name.size());
@@ -147,14 +182,21 @@ inline std::vector<unsigned char> encode_header(const index_header& h) {
 /// (file size implied by line count and columns). Does not look at the source.
 inline index_header decode_header(const std::filesystem::path& path, std::string_view file) {
   const auto* b = reinterpret_cast<const unsigned char*>(file.data());
-  if (file.size() < index_fixed_header_bytes)
+  if (file.size() < 12)
     throw_format(path, "truncated: " + std::to_string(file.size()) + " bytes, the header alone needs " +
                            std::to_string(index_fixed_header_bytes));
   if (std::memcmp(b, index_magic.data(), 8) != 0) throw_format(path, "bad magic: not a dpkit JSONL index");
   index_header h;
   h.version = get_u32(b + 8);
+  if (h.version == 1)
+    throw stale_index_error("jsonl_index: '" + path.string() +
+                            "': version 1 (dpkit 0.1) has no source identity or content hash; rebuild it (dpkit-jsonl index, "
+                            "or rebuild_if_stale)");
   if (h.version != index_version)
     throw_format(path, "version " + std::to_string(h.version) + ", this dpkit reads version " + std::to_string(index_version));
+  if (file.size() < index_fixed_header_bytes)
+    throw_format(path, "truncated: " + std::to_string(file.size()) + " bytes, the header alone needs " +
+                           std::to_string(index_fixed_header_bytes));
   h.header_bytes = get_u32(b + 12);
   const std::uint32_t ncols = get_u32(b + 64);
   if (ncols > 64 || h.header_bytes != index_fixed_header_bytes + ncols * index_column_descriptor_bytes)
@@ -176,8 +218,14 @@ inline index_header decode_header(const std::filesystem::path& path, std::string
   h.lines = get_u64(b + 48);
   h.source_lines = get_u64(b + 56);
   h.body_checksum = get_u64(b + 72);
-  if (h.lines > h.source_lines || h.lines >= (std::uint64_t{1} << 60))
-    throw_format(path, "damaged header: line count " + std::to_string(h.lines));
+  h.source_device = get_u64(b + 88);
+  h.source_inode = get_u64(b + 96);
+  h.source_ctime_ns = static_cast<std::int64_t>(get_u64(b + 104));
+  h.source_content_hash = get_u64(b + 112);
+  // bounded by the file before any arithmetic on it, so the layout sum below cannot wrap
+  if (h.lines > h.source_lines || h.lines >= (file.size() - h.header_bytes) / 8)
+    throw_format(path, "damaged header: line count " + std::to_string(h.lines) + " does not fit in " + std::to_string(file.size()) +
+                           " bytes");
   std::uint64_t expect = h.header_bytes + (h.lines + 1) * 8;
   for (std::uint32_t c = 0; c < ncols; ++c) {
     const unsigned char* d = b + index_fixed_header_bytes + c * index_column_descriptor_bytes;

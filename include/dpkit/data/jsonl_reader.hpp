@@ -35,6 +35,13 @@ struct jsonl_index_open_options {
   bool verify_checksum = true;
   /// madvise hint for the source mapping (random access by default).
   access_advice source_advice = access_advice::random;
+  /// When the source's identity (st_dev, st_ino, st_ctim) differs from the one
+  /// recorded at build time while its size and mtime match (copied with its
+  /// mtime, restored from a backup, or modified in place with the mtime put
+  /// back): false (default) refuses the index as stale at O(1) cost; true
+  /// compares the source's content hash instead (one read of the whole source,
+  /// about the cost of a rebuild) and accepts the index if it matches.
+  bool check_content_if_moved = false;
 };
 
 /// A JSONL file with its line index, both memory-mapped read-only.
@@ -46,8 +53,10 @@ struct jsonl_index_open_options {
 class jsonl_index {
 public:
   /// Opens `source` and its index, checking the index header, layout and
-  /// checksums, and that the source is unchanged (size, mtime in ns, fingerprint
-  /// of its first and last 4 KiB).
+  /// checksums, and that the source is unchanged: size, mtime (ns), the
+  /// fingerprint of its first and last 4 KiB, and its identity (device, inode,
+  /// ctime in ns; see check_content_if_moved). O(1) in the source's size; the
+  /// body checksum reads the index once (verify_checksum).
   /// @throws dpkit::format_error naming the index file and what is wrong
   ///         (truncated, bad magic, version, checksum, layout);
   ///         dpkit::stale_index_error (a format_error) naming both files and
@@ -80,17 +89,32 @@ public:
   [[nodiscard]] bool empty() const noexcept { return header_.lines == 0; }
 
   /// Line `k` (0-based) without '\\n' and trailing '\\r'. Precondition:
-  /// k < size(). O(1) with blank lines kept; with blank lines skipped the end
-  /// of the line is found with memchr (O(line length)).
-  [[nodiscard]] std::string_view operator[](std::uint64_t k) const noexcept {
+  /// k < size(). The offsets are checked on every access, whatever the
+  /// checksums said, so that a damaged index never reads outside the source
+  /// and never returns anything but one whole line of it: offsets[k] <
+  /// offsets[k+1] <= source size, each at the start of the file or right after
+  /// a '\\n', and no '\\n' inside the line (a memchr over the line, which the
+  /// caller is about to read anyway; with blank lines skipped, only blank lines
+  /// between the line's end and offsets[k+1]). Which line of the file it is rests on the
+  /// checksums (verify_jsonl_index checks every offset).
+  /// @throws dpkit::format_error naming the index file, k and the bad offsets.
+  [[nodiscard]] std::string_view operator[](std::uint64_t k) const {
     const char* base = source_.data();
+    const std::uint64_t size = source_.size();
     const std::uint64_t b = offsets_[k];
-    std::uint64_t e = offsets_[k + 1];
+    const std::uint64_t next = offsets_[k + 1];
+    if (b >= next || next > size) damaged(k, b, next, "offsets out of order or past the end of the source");
+    if ((b > 0 && base[b - 1] != '\n') || (next < size && base[next - 1] != '\n'))
+      damaged(k, b, next, "offset not at the start of a line");
+    std::uint64_t e = next;
     if (skipped_blank_) {
-      const void* p = std::memchr(base + b, '\n', e - b);
+      const void* p = std::memchr(base + b, '\n', next - b);
       if (p) e = static_cast<std::uint64_t>(static_cast<const char*>(p) - base);
-    } else if (e > b && base[e - 1] == '\n') {
-      --e;
+      if (e + 1 < next && !detail::is_blank(base + e + 1, next - e - 1, true))
+        damaged(k, b, next, "a non-blank line between two offsets");
+    } else {
+      if (base[e - 1] == '\n') --e;
+      if (std::memchr(base + b, '\n', e - b)) damaged(k, b, next, "more than one line between two offsets");
     }
     if (e > b && base[e - 1] == '\r') --e;
     return {base + b, e - b};
@@ -103,22 +127,37 @@ public:
   }
 
   /// Byte offset of line `k` in the source (k <= size(); offset(size()) is the
-  /// source size). @throws dpkit::invalid_argument if k > size().
+  /// source size). @throws dpkit::invalid_argument if k > size();
+  /// dpkit::format_error if the stored offset is past the end of the source or
+  /// not at the start of a line (a damaged index).
   [[nodiscard]] std::uint64_t offset(std::uint64_t k) const {
     if (k > header_.lines)
       throw invalid_argument("jsonl_index::offset: line " + std::to_string(k) + " > size " + std::to_string(header_.lines) +
                              " of '" + index_path_.string() + "'");
-    return offsets_[k];
+    const std::uint64_t b = offsets_[k];
+    const std::uint64_t size = source_.size();
+    if (b > size || (b == size ? k != header_.lines : (b > 0 && source_.data()[b - 1] != '\n')))
+      damaged(k, b, k < header_.lines ? offsets_[k + 1] : b, "offset past the end of the source or not at the start of a line");
+    return b;
   }
 
-  /// The n + 1 offsets (u64 bytes; the last is the source size).
+  /// The n + 1 offsets as stored (u64 bytes; the last is the source size).
+  /// Raw and unchecked beyond the first and last: use operator[] / offset(k)
+  /// (checked) to read lines.
   [[nodiscard]] std::span<const std::uint64_t> offsets() const noexcept { return {offsets_, header_.lines + 1}; }
 
   /// 0-based line number in the source file of index line `k` (equals k unless
-  /// blank lines were skipped). @throws dpkit::invalid_argument if k >= size().
+  /// blank lines were skipped). @throws dpkit::invalid_argument if k >= size();
+  /// dpkit::format_error if the stored number is below k or not below
+  /// source_line_count() (a damaged index).
   [[nodiscard]] std::uint64_t source_line(std::uint64_t k) const {
     check(k, "source_line");
-    return source_lines_ ? source_lines_[k] : k;
+    if (!source_lines_) return k;
+    const std::uint64_t v = source_lines_[k];
+    if (v < k || v >= header_.source_lines)
+      detail::throw_format(index_path_, "damaged: line " + std::to_string(k) + " has source line number " + std::to_string(v) +
+                                            " (source has " + std::to_string(header_.source_lines) + " lines); rebuild it");
+    return v;
   }
 
   /// True if the index has a u32 length column.
@@ -155,6 +194,18 @@ private:
       diff = "source mtime " + std::to_string(source_.mtime_ns()) + " ns, index built for " + std::to_string(header_.source_mtime_ns);
     else if (dd::source_fingerprint(source_.view()) != header_.source_fingerprint)
       diff = "source head/tail fingerprint differs";
+    else if (source_.device() != header_.source_device || source_.inode() != header_.source_inode ||
+             source_.ctime_ns() != header_.source_ctime_ns) {
+      const std::string what = "source identity changed (device:inode " + std::to_string(source_.device()) + ":" +
+                               std::to_string(source_.inode()) + ", ctime " + std::to_string(source_.ctime_ns()) +
+                               " ns; index built for " + std::to_string(header_.source_device) + ":" +
+                               std::to_string(header_.source_inode) + ", ctime " + std::to_string(header_.source_ctime_ns) +
+                               " ns): modified in place, replaced, copied or restored";
+      if (!options.check_content_if_moved)
+        diff = what + " (open with check_content_if_moved to compare its content instead)";
+      else if (dd::source_content_hash(source_.view()) != header_.source_content_hash)
+        diff = what + ", and its content hash differs";
+    }
     if (!diff.empty())
       throw stale_index_error("jsonl_index: '" + ipath.string() + "' is stale for '" + source.string() + "': " + diff +
                               "; rebuild it (dpkit-jsonl index, or rebuild_if_stale)");
@@ -173,6 +224,12 @@ private:
         length_name_ = c.name;
       }
     }
+  }
+
+  [[noreturn]] void damaged(std::uint64_t k, std::uint64_t b, std::uint64_t next, const char* why) const {
+    detail::throw_format(index_path_, "damaged: line " + std::to_string(k) + " has offset " + std::to_string(b) + ", next offset " +
+                                          std::to_string(next) + " (source '" + source_.path().string() + "' has " +
+                                          std::to_string(source_.size()) + " bytes): " + why + "; rebuild it");
   }
 
   void check(std::uint64_t k, const char* what) const {

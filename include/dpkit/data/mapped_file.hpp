@@ -52,7 +52,7 @@ inline int madvise_flag(access_advice advice) noexcept {
 ///
 /// Move-only; the mapping is released by the destructor. An empty file is
 /// allowed: data() is then nullptr and size() is 0. The file's size and
-/// modification time are captured (fstat) when it is opened. Bytes are valid
+/// modification time, status-change time, device and inode are captured (fstat) when it is opened. Bytes are valid
 /// only while the file is not truncated by another process (as with any mmap).
 class mapped_file {
 public:
@@ -79,6 +79,9 @@ public:
     }
     size_ = static_cast<std::size_t>(st.st_size);
     mtime_ns_ = detail::mtime_ns(st);
+    ctime_ns_ = detail::ctime_ns(st);
+    device_ = static_cast<std::uint64_t>(st.st_dev);
+    inode_ = static_cast<std::uint64_t>(st.st_ino);
     if (size_ > 0) {
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
       if (p == MAP_FAILED) {
@@ -99,7 +102,8 @@ public:
   /// Takes over `other`'s mapping; `other` becomes empty.
   mapped_file(mapped_file&& other) noexcept
       : path_(std::move(other.path_)), data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)),
-        mtime_ns_(std::exchange(other.mtime_ns_, 0)) {}
+        mtime_ns_(std::exchange(other.mtime_ns_, 0)), ctime_ns_(std::exchange(other.ctime_ns_, 0)),
+        device_(std::exchange(other.device_, 0)), inode_(std::exchange(other.inode_, 0)) {}
 
   /// Releases this mapping and takes over `other`'s; `other` becomes empty.
   mapped_file& operator=(mapped_file&& other) noexcept {
@@ -109,6 +113,9 @@ public:
       data_ = std::exchange(other.data_, nullptr);
       size_ = std::exchange(other.size_, 0);
       mtime_ns_ = std::exchange(other.mtime_ns_, 0);
+      ctime_ns_ = std::exchange(other.ctime_ns_, 0);
+      device_ = std::exchange(other.device_, 0);
+      inode_ = std::exchange(other.inode_, 0);
     }
     return *this;
   }
@@ -130,6 +137,12 @@ public:
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
   /// Modification time of the file when it was opened, ns since the Unix epoch.
   [[nodiscard]] std::int64_t mtime_ns() const noexcept { return mtime_ns_; }
+  /// Status-change time (st_ctim) when it was opened, ns since the Unix epoch.
+  [[nodiscard]] std::int64_t ctime_ns() const noexcept { return ctime_ns_; }
+  /// st_dev of the file when it was opened.
+  [[nodiscard]] std::uint64_t device() const noexcept { return device_; }
+  /// st_ino of the file when it was opened.
+  [[nodiscard]] std::uint64_t inode() const noexcept { return inode_; }
 
   /// Applies an madvise(2) hint to the whole mapping. Hints are advisory:
   /// failures are ignored. No-op for an empty file.
@@ -156,6 +169,9 @@ private:
   const char* data_ = nullptr;
   std::size_t size_ = 0;
   std::int64_t mtime_ns_ = 0;
+  std::int64_t ctime_ns_ = 0;
+  std::uint64_t device_ = 0;
+  std::uint64_t inode_ = 0;
 };
 
 } // namespace dpkit

@@ -1,6 +1,7 @@
 /// @file posix_file.hpp
 /// @brief Internal: POSIX file helpers shared by mapped_file.hpp and the JSONL
-/// index builder (errno messages, stat times, RAII descriptors, full writes).
+/// index builder (errno messages, stat times, file type names, an RAII
+/// descriptor, full writes).
 /// Never include directly.
 #pragma once
 
@@ -40,20 +41,24 @@ inline std::int64_t mtime_ns(const struct stat& st) noexcept {
   return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(st.st_mtim.tv_nsec);
 }
 
-/// Deletes a file on scope exit unless released (temporary index files).
-class unlink_guard {
-public:
-  explicit unlink_guard(std::filesystem::path p) : path_(std::move(p)) {}
-  unlink_guard(const unlink_guard&) = delete;
-  unlink_guard& operator=(const unlink_guard&) = delete;
-  ~unlink_guard() {
-    if (!path_.empty()) ::unlink(path_.c_str());
-  }
-  void release() noexcept { path_.clear(); }
+/// Status-change time (st_ctim) of a stat result in nanoseconds since the Unix
+/// epoch. Unlike mtime it cannot be set by utimensat/touch: any write,
+/// chmod, rename or utime call moves it to "now".
+inline std::int64_t ctime_ns(const struct stat& st) noexcept {
+  return static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(st.st_ctim.tv_nsec);
+}
 
-private:
-  std::filesystem::path path_;
-};
+/// "regular file", "directory", "FIFO", "character device", ... for messages.
+inline const char* file_type_name(mode_t mode) noexcept {
+  if (S_ISREG(mode)) return "regular file";
+  if (S_ISDIR(mode)) return "directory";
+  if (S_ISFIFO(mode)) return "FIFO";
+  if (S_ISCHR(mode)) return "character device";
+  if (S_ISBLK(mode)) return "block device";
+  if (S_ISSOCK(mode)) return "socket";
+  if (S_ISLNK(mode)) return "symbolic link";
+  return "special file";
+}
 
 /// Closes a file descriptor on scope exit.
 class fd_guard {
@@ -61,6 +66,14 @@ public:
   explicit fd_guard(int fd) noexcept : fd_(fd) {}
   fd_guard(const fd_guard&) = delete;
   fd_guard& operator=(const fd_guard&) = delete;
+  fd_guard(fd_guard&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  fd_guard& operator=(fd_guard&& o) noexcept {
+    if (this != &o) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
   ~fd_guard() {
     if (fd_ >= 0) ::close(fd_);
   }
