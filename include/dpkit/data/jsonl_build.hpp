@@ -111,7 +111,7 @@ inline bool stop_now(build_shared& shared, const std::stop_token& stop, unsigned
 /// Bytes the fast path scans (and hashes) between progress/cancellation checks:
 /// small enough to stay in L2 between the newline scan and the content hash.
 inline constexpr std::uint64_t build_step_bytes = std::uint64_t{64} << 10;
-static_assert(content_chunk_bytes % build_step_bytes == 0 && build_step_bytes % 32 == 0);
+static_assert(content_chunk_bytes % build_step_bytes == 0 && build_step_bytes % 64 == 0);
 
 /// Content hash of the chunks of [begin, end) (chunk-aligned begin), fed in
 /// steps while the range is scanned, so the source is read once.
@@ -120,7 +120,7 @@ public:
   chunk_hasher(const char* data, std::uint64_t begin, std::uint64_t end, std::uint64_t* hashes) noexcept
       : data_(data), pos_(begin), end_(end), hashes_(hashes), st_(begin / content_chunk_bytes) {}
 
-  /// Hashes [pos, limit) (limit a multiple of 32 or end).
+  /// Hashes [pos, limit) (limit a multiple of 64 or end).
   void advance(std::uint64_t limit) noexcept {
     while (pos_ < limit) {
       const std::uint64_t chunk = pos_ / content_chunk_bytes;
@@ -128,14 +128,14 @@ public:
       const std::uint64_t stop = std::min(limit, chunk_end);
       const auto* p = reinterpret_cast<const unsigned char*>(data_ + pos_);
       const std::uint64_t n = stop - pos_;
-      st_.blocks(p, static_cast<std::size_t>(n / 32));
-      pos_ += n / 32 * 32;
+      st_.stripes(p, static_cast<std::size_t>(n / 64));
+      pos_ += n / 64 * 64;
       if (stop == chunk_end) {
-        hashes_[chunk] = st_.finish(p + n / 32 * 32, static_cast<std::size_t>(n % 32));
+        hashes_[chunk] = st_.finish(p + n / 64 * 64, static_cast<std::size_t>(n % 64));
         pos_ = chunk_end;
-        st_ = hash_state(chunk + 1);
-      } else if (n % 32) {
-        break; // limit not 32-aligned inside a chunk: the rest goes with the next call
+        st_ = content_hasher(chunk + 1);
+      } else if (n % 64) {
+        break; // limit not 64-aligned inside a chunk: the rest goes with the next call
       }
     }
   }
@@ -144,7 +144,7 @@ private:
   const char* data_;
   std::uint64_t pos_, end_;
   std::uint64_t* hashes_;
-  hash_state st_;
+  content_hasher st_;
 };
 
 /// Scans the lines that start in [begin, end) of `data` (size `size`) and
@@ -213,7 +213,7 @@ inline void build_range(const char* data, std::uint64_t size, std::uint64_t begi
     }
     s = e + 1;
     if (s - reported >= interval || s >= end) {
-      hasher.advance(std::min(s, end) / 32 * 32);
+      hasher.advance(std::min(s, end) / 64 * 64);
       if (progress(std::min(s, end))) return;
     }
   }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <dpkit/core/errors.hpp>
+#include <dpkit/data/detail/content_hash.hpp>
 #include <dpkit/data/detail/hash.hpp>
 
 #include <algorithm>
@@ -56,10 +57,6 @@ inline constexpr std::uint64_t body_checksum_seed = 0x6470'6b69'7462'6f64ULL;
 inline constexpr std::uint64_t content_hash_seed = 0x6470'6b69'7463'6e74ULL;
 /// Granularity of the source content hash (format constant, 1 MiB).
 inline constexpr std::uint64_t content_chunk_bytes = std::uint64_t{1} << 20;
-
-/// Hash of one content chunk (chunk `i` of the source, at most
-/// content_chunk_bytes bytes): hash_bytes(chunk, seed = i).
-inline std::uint64_t content_chunk_hash(const char* p, std::size_t n, std::uint64_t i) noexcept { return hash_bytes(p, n, i); }
 
 /// The source content hash from its chunk hashes (in chunk order):
 /// hash_bytes(chunk hashes as u64 LE, seed = content_hash_seed ^ source size).

@@ -89,14 +89,14 @@ public:
   [[nodiscard]] bool empty() const noexcept { return header_.lines == 0; }
 
   /// Line `k` (0-based) without '\\n' and trailing '\\r'. Precondition:
-  /// k < size(). The offsets are checked on every access, whatever the
+  /// k < size(). The offsets are checked on every access in O(1), whatever the
   /// checksums said, so that a damaged index never reads outside the source
-  /// and never returns anything but one whole line of it: offsets[k] <
-  /// offsets[k+1] <= source size, each at the start of the file or right after
-  /// a '\\n', and no '\\n' inside the line (a memchr over the line, which the
-  /// caller is about to read anyway; with blank lines skipped, only blank lines
-  /// between the line's end and offsets[k+1]). Which line of the file it is rests on the
-  /// checksums (verify_jsonl_index checks every offset).
+  /// and never hands out part of a line: offsets[k] < offsets[k+1] <= source
+  /// size, and both at the start of the file, right after a '\\n', or (the
+  /// second) at its end. With blank lines skipped the line ends at the first
+  /// '\\n' (memchr, as always) and only blank lines may follow it before
+  /// offsets[k+1]. That these are the offsets of line k (and not of other whole
+  /// lines) rests on the checksums; verify_jsonl_index checks every offset.
   /// @throws dpkit::format_error naming the index file, k and the bad offsets.
   [[nodiscard]] std::string_view operator[](std::uint64_t k) const {
     const char* base = source_.data();
@@ -112,9 +112,8 @@ public:
       if (p) e = static_cast<std::uint64_t>(static_cast<const char*>(p) - base);
       if (e + 1 < next && !detail::is_blank(base + e + 1, next - e - 1, true))
         damaged(k, b, next, "a non-blank line between two offsets");
-    } else {
-      if (base[e - 1] == '\n') --e;
-      if (std::memchr(base + b, '\n', e - b)) damaged(k, b, next, "more than one line between two offsets");
+    } else if (base[e - 1] == '\n') {
+      --e;
     }
     if (e > b && base[e - 1] == '\r') --e;
     return {base + b, e - b};
