@@ -82,6 +82,7 @@ struct hash_stream {
   explicit hash_stream(std::uint64_t seed) noexcept : st(seed) {}
 
   void update(const void* data, std::size_t n) noexcept {
+    if (n == 0) return; // data may be null (an empty vector)
     const auto* p = static_cast<const unsigned char*>(data);
     if (nbuf) {
       const std::size_t take = n < 32 - nbuf ? n : 32 - nbuf;
