@@ -201,7 +201,7 @@ private:
                                std::to_string(header_.source_inode) + ", ctime " + std::to_string(header_.source_ctime_ns) +
                                " ns): modified in place, replaced, copied or restored";
       if (!options.check_content_if_moved)
-        diff = what + " (open with check_content_if_moved to compare its content instead)";
+        diff = what + " (open with check_content_if_moved, dpkit-jsonl --check-content, to compare its content instead)";
       else if (dd::source_content_hash(source_.view()) != header_.source_content_hash)
         diff = what + ", and its content hash differs";
     }

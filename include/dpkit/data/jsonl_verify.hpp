@@ -23,6 +23,8 @@ struct jsonl_index_verify_options {
   std::filesystem::path index_path;
   /// If set, every value of the length column is extracted again and compared.
   std::optional<length_column_spec> length_column;
+  /// As jsonl_index_open_options::check_content_if_moved.
+  bool check_content_if_moved = false;
 };
 
 /// Fully verifies an index against its source: everything jsonl_index::open
@@ -35,6 +37,7 @@ struct jsonl_index_verify_options {
 inline std::uint64_t verify_jsonl_index(const std::filesystem::path& source, const jsonl_index_verify_options& options = {}) {
   jsonl_index_open_options o;
   o.index_path = options.index_path;
+  o.check_content_if_moved = options.check_content_if_moved;
   const jsonl_index idx = jsonl_index::open(source, o);
   const std::string_view data = idx.source().view();
   const auto fail = [&](const std::string& what) {
