@@ -166,6 +166,12 @@ int main(int argc, char** argv) {
     on.threads = hw;
     const double t_bn = best_of(repeat, [&] { dpkit::build_jsonl_index(file, idx_path, on); });
     const double c_bn = last_best_cpu;
+    dpkit::jsonl_index_build_options o1n = o1, onn = on; // without fsync: the scan and write alone
+    o1n.sync = onn.sync = false;
+    const double t_b1n = best_of(repeat, [&] { dpkit::build_jsonl_index(file, idx_path, o1n); });
+    const double c_b1n = last_best_cpu;
+    const double t_bnn = best_of(repeat, [&] { dpkit::build_jsonl_index(file, idx_path, onn); });
+    const double c_bnn = last_best_cpu;
     double t_field = 0;
     if (!field.empty()) {
       dpkit::jsonl_index_build_options of;
@@ -185,6 +191,8 @@ int main(int argc, char** argv) {
     row("wc -l", t_wc, c_wc);
     row("build_jsonl_index (1 thread)", t_b1, c_b1);
     row("build_jsonl_index (" + std::to_string(hw) + " threads)", t_bn, c_bn);
+    row("  no fsync (1 thread)", t_b1n, c_b1n);
+    row("  no fsync (" + std::to_string(hw) + " threads)", t_bnn, c_bnn);
     if (!field.empty())
       std::printf("%-36s %10.3f %10.2f\n", ("  + column " + field + " (" + std::to_string(hw) + " threads)").c_str(), t_field, gbs(t_field));
     // random access on the plain index

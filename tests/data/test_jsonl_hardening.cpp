@@ -54,6 +54,14 @@ std::string reseal(std::string b) {
   return b;
 }
 
+/// An empty scratch directory tmp_dir() / name.
+fs::path fresh_dir(const char* name) {
+  const fs::path dir = tmp_dir() / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
 /// Reads every line the way users and the CLI's get/stats/dataset do.
 void read_everything(const dpkit::jsonl_index& idx) {
   for (std::uint64_t k = 0; k <= idx.size(); ++k) (void)idx.offset(k);
@@ -252,9 +260,7 @@ void expect_target_refused(const fs::path& src, const fs::path& target) {
 } // namespace
 
 TEST_CASE("jsonl_index hardening: an index path that is not a regular file is refused untouched") {
-  const fs::path dir = tmp_dir() / "targets";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = fresh_dir("targets");
   const fs::path src = dir / "src.jsonl";
   data_test::write_file(src, "{\"a\": 1}\n{\"a\": 2}\n");
   const fs::path fifo = dir / "fifo.idx";
@@ -290,9 +296,7 @@ TEST_CASE("jsonl_index hardening: /dev/null as the index path is left alone") {
 }
 
 TEST_CASE("jsonl_index hardening: a build killed with SIGKILL leaves no temporary file") {
-  const fs::path dir = tmp_dir() / "killed";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = fresh_dir("killed");
   const fs::path src = dir / "big.jsonl";
   {
     // 24 M short lines (72 MB): the index is 192 MB, so writing it takes a while
@@ -349,9 +353,7 @@ TEST_CASE("jsonl_index hardening: a build killed with SIGKILL leaves no temporar
 }
 
 TEST_CASE("jsonl_index hardening: named temporaries of dead builds are removed, live ones kept") {
-  const fs::path dir = tmp_dir() / "stale-temps";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = fresh_dir("stale-temps");
   const fs::path src = dir / "s.jsonl";
   data_test::write_file(src, "{}\n{}\n");
   const pid_t child = ::fork();

@@ -71,6 +71,12 @@ struct jsonl_index_build_options {
   std::stop_token stop;
   /// Granularity of progress reports and cancellation checks, in bytes.
   std::uint64_t progress_interval_bytes = std::uint64_t{4} << 20;
+  /// fsync the index before renaming it into place and its directory after
+  /// (default): after a power loss the index is the old one or the new one.
+  /// false skips both (scratch files, tmpfs, benchmarks): the rename stays
+  /// atomic for running processes, and an index damaged by a power loss is
+  /// refused at open by its size and checksums.
+  bool sync = true;
 };
 
 /// What build_jsonl_index wrote.
@@ -128,7 +134,7 @@ public:
       const std::uint64_t stop = std::min(limit, chunk_end);
       const auto* p = reinterpret_cast<const unsigned char*>(data_ + pos_);
       const std::uint64_t n = stop - pos_;
-      st_.stripes(p, static_cast<std::size_t>(n / 64));
+      st_.blocks(p, static_cast<std::size_t>(n / 64));
       pos_ += n / 64 * 64;
       if (stop == chunk_end) {
         hashes_[chunk] = st_.finish(p + n / 64 * 64, static_cast<std::size_t>(n % 64));
@@ -296,11 +302,11 @@ public:
   [[nodiscard]] int fd() const noexcept { return fd_.get(); }
   [[nodiscard]] const std::filesystem::path& name() const noexcept { return named_; }
 
-  /// fsyncs, closes, links (O_TMPFILE) and renames the file over the target,
-  /// after checking again that the target is not (now) a non-regular file;
-  /// then fsyncs the directory.
-  void publish() {
-    if (::fsync(fd_.get()) != 0) throw error(errno_message("build_jsonl_index: cannot fsync", named_, errno));
+  /// fsyncs (if `sync`), closes, links (O_TMPFILE) and renames the file over
+  /// the target, after checking again that the target is not (now) a
+  /// non-regular file; then fsyncs the directory (if `sync`).
+  void publish(bool sync) {
+    if (sync && ::fsync(fd_.get()) != 0) throw error(errno_message("build_jsonl_index: cannot fsync", named_, errno));
     if (!linked_) {
       const std::string proc = "/proc/self/fd/" + std::to_string(fd_.get());
       if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, named_.c_str(), AT_SYMLINK_FOLLOW) != 0 &&
@@ -313,6 +319,7 @@ public:
     if (::rename(named_.c_str(), target_.c_str()) != 0)
       throw error(errno_message("build_jsonl_index: cannot rename temporary index to", target_, errno));
     linked_ = false;
+    if (!sync) return;
     const int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
       ::fsync(dfd);
@@ -471,7 +478,7 @@ inline jsonl_index_build_result build_jsonl_index(const std::filesystem::path& s
     throw error(dd::errno_message("build_jsonl_index: cannot write header of", tmp.name(), errno));
   if (options.stop.stop_requested())
     throw build_cancelled("build_jsonl_index: cancelled before renaming the index of '" + source.string() + "'; no index written");
-  tmp.publish();
+  tmp.publish(options.sync);
   return {index_path, lines, source_lines, size, total};
 }
 

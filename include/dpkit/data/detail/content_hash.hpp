@@ -70,7 +70,7 @@ inline void content_stripes_scalar(std::uint64_t* acc, const unsigned char* p, s
 #endif
 
 /// Running content hash of one chunk (chunk `index` of a source), fed in whole
-/// 64-byte stripes, then finished with the < 64-byte tail.
+/// 64-byte stripes (blocks()), then finished with the < 64-byte tail.
 class content_hasher {
 public:
   explicit content_hasher(std::uint64_t index) noexcept : index_(index) {
@@ -78,7 +78,7 @@ public:
   }
 
   /// Feeds `stripes` whole 64-byte stripes at p.
-  void stripes(const unsigned char* p, std::size_t stripes) noexcept {
+  void blocks(const unsigned char* p, std::size_t stripes) noexcept {
 #ifdef DPKIT_CONTENT_HASH_X86
     static const bool avx2 = [] {
       __builtin_cpu_init();
@@ -109,10 +109,7 @@ private:
 
 /// Content hash of one whole chunk [p, p + n) with chunk number `index`.
 inline std::uint64_t content_chunk_hash(const char* p, std::size_t n, std::uint64_t index) noexcept {
-  const auto* u = reinterpret_cast<const unsigned char*>(p);
-  content_hasher h(index);
-  h.stripes(u, n / 64);
-  return h.finish(u + n / 64 * 64, n % 64);
+  return hash_whole<64>(content_hasher(index), reinterpret_cast<const unsigned char*>(p), n);
 }
 
 } // namespace dpkit::detail

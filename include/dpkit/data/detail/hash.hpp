@@ -72,6 +72,14 @@ struct hash_state {
   }
 };
 
+/// Runs a block hasher (hash_state, content_hasher) over all of [p, p + n):
+/// the whole `Block`-byte blocks, then finish() with the rest.
+template <std::size_t Block, class State>
+std::uint64_t hash_whole(State st, const unsigned char* p, std::size_t n) noexcept {
+  st.blocks(p, n / Block);
+  return st.finish(p + n / Block * Block, n % Block);
+}
+
 /// hash_bytes over data fed in pieces of any size (buffers a partial 32-byte
 /// block): the index writer checksums the body while writing it.
 struct hash_stream {
@@ -103,10 +111,7 @@ struct hash_stream {
 /// over 32-byte blocks (several GB/s), then the tail, then mix64. The exact
 /// function is part of the index file format (docs/jsonl-index-format.md).
 inline std::uint64_t hash_bytes(const void* data, std::size_t n, std::uint64_t seed) noexcept {
-  const auto* p = static_cast<const unsigned char*>(data);
-  hash_state st(seed);
-  st.blocks(p, n / 32);
-  return st.finish(p + n / 32 * 32, n % 32);
+  return hash_whole<32>(hash_state(seed), static_cast<const unsigned char*>(data), n);
 }
 
 } // namespace dpkit::detail
