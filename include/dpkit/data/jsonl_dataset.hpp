@@ -67,7 +67,8 @@ public:
   }
 
   /// Global line `g` as a string_view (see jsonl_index::operator[]).
-  /// @throws dpkit::invalid_argument if g >= size().
+  /// @throws dpkit::invalid_argument if g >= size(); dpkit::format_error if
+  ///         its shard's index is damaged (offsets checked on every access).
   [[nodiscard]] std::string_view operator[](std::uint64_t g) const {
     const location l = locate(g);
     return shards_[l.shard][l.line];

@@ -119,7 +119,8 @@ public:
     return {base + b, e - b};
   }
 
-  /// Line `k`, checked. @throws dpkit::invalid_argument naming k and size().
+  /// Line `k`, checked. @throws dpkit::invalid_argument naming k and size();
+  /// dpkit::format_error as operator[] for a damaged index.
   [[nodiscard]] std::string_view at(std::uint64_t k) const {
     check(k, "at");
     return (*this)[k];
