@@ -43,9 +43,14 @@ std::uint64_t percentile(const std::vector<std::uint64_t>& sorted, double p) {
   return sorted[std::clamp<std::size_t>(rank, 1, sorted.size()) - 1];
 }
 
+/// Set by --check-content: a source that moved (new inode or ctime, same size
+/// and mtime) is compared by content hash instead of refused as stale.
+bool check_content = false;
+
 dpkit::jsonl_index open_index(const std::string& file, const std::string& index) {
   dpkit::jsonl_index_open_options o;
   o.index_path = index;
+  o.check_content_if_moved = check_content;
   return dpkit::jsonl_index::open(file, o);
 }
 
@@ -70,7 +75,6 @@ int main(int argc, char** argv) {
   index->add_flag("--skip-missing", skip_missing,
                   "keep lines without --field with no length; token-budget batches leave them out")
       ->excludes("--missing-default");
-  index->add_option("--index", index_path, "index path (default FILE.idx)");
 
   auto* verify = app.add_subcommand("verify", "check FILE's index against FILE (offsets, counts, length column)");
   verify->add_option("FILE", file, "JSONL file")->required()->check(CLI::ExistingFile);
@@ -104,6 +108,13 @@ int main(int argc, char** argv) {
   batches->add_flag("--no-shuffle", no_shuffle, "keep file order (and batch order)");
   batches->add_flag("--drop", drop, "drop tail batches instead of padding ranks");
 
+  for (auto* sub : {verify, stats, get, batches})
+    sub->add_flag("--check-content", check_content,
+                  "if FILE was copied or restored (new inode/ctime, same size and mtime), compare its content hash "
+                  "(one read of FILE) instead of refusing the index as stale");
+  index->add_option("--index", index_path, "index path (default FILE.idx); an existing path must be a regular file")
+      ->expected(1);
+
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -135,6 +146,7 @@ int main(int argc, char** argv) {
       vo.index_path = index_path;
       const auto idx = open_index(file, index_path);
       if (idx.has_lengths()) vo.length_column = dpkit::json_length_column(idx.length_column_name());
+      vo.check_content_if_moved = check_content;
       const std::uint64_t n = dpkit::verify_jsonl_index(file, vo);
       std::printf("%s: OK, %llu lines%s%s\n", idx.index_path().c_str(), static_cast<unsigned long long>(n),
                   idx.has_lengths() ? ", column re-parsed: " : "", idx.length_column_name().c_str());

@@ -232,8 +232,8 @@ TEST_CASE("jsonl_index: damaged or stale indexes are refused with format_error")
   }
   {
     std::string b = good;
-    b[8] = 2;
-    expect_refused(b, "version");
+    b[8] = 3;
+    expect_refused(b, "unknown version");
   }
   for (std::size_t pos : {std::size_t{20}, std::size_t{50}, std::size_t{100}, good.size() / 2, good.size() - 3}) {
     std::string b = good;

@@ -72,4 +72,24 @@ public:
   using error::error;
 };
 
+// ---- data errors (JSONL index; docs/data.md, docs/jsonl-index-format.md) ----
+
+/// A JSONL index build was cancelled (progress callback returned false, or the
+/// stop token was triggered). No index file and no temporary file are left
+/// behind. Derives dpkit::error.
+class build_cancelled : public error {
+public:
+  using error::error;
+};
+
+/// An index file is well-formed but describes another version of its source
+/// (size, modification time or head/tail fingerprint differ). The message names
+/// both files and what differs. Derives dpkit::format_error.
+class stale_index_error : public format_error {
+public:
+  using format_error::format_error;
+};
+
+// ---- end of data errors ----
+
 } // namespace dpkit

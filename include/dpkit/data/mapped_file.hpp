@@ -1,12 +1,13 @@
 /// @file mapped_file.hpp
 /// @brief RAII read-only memory mapping of a whole file (POSIX mmap).
 ///
-/// Used by the JSONL index (design section 5) to read data and index files at
+/// Used by the JSONL index (docs/data.md) to read data and index files at
 /// memory speed without copying them. Depends only on the standard library and
 /// POSIX.
 #pragma once
 
 #include <dpkit/core/errors.hpp>
+#include <dpkit/data/detail/posix_file.hpp>
 
 #include <cerrno>
 #include <cstddef>
@@ -32,20 +33,7 @@ enum class access_advice {
   willneed,   ///< MADV_WILLNEED: start reading the pages in now.
 };
 
-namespace detail::data {
-
-/// Formats "<what> '<path>': <strerror(err)> (errno <err>)".
-inline std::string errno_message(std::string_view what, const std::filesystem::path& path, int err) {
-  std::string msg(what);
-  msg += " '";
-  msg += path.string();
-  msg += "': ";
-  msg += std::strerror(err);
-  msg += " (errno ";
-  msg += std::to_string(err);
-  msg += ')';
-  return msg;
-}
+namespace detail {
 
 /// Maps dpkit::access_advice to the MADV_* constant.
 inline int madvise_flag(access_advice advice) noexcept {
@@ -58,18 +46,13 @@ inline int madvise_flag(access_advice advice) noexcept {
   return MADV_NORMAL;
 }
 
-/// Modification time of a stat result in nanoseconds since the Unix epoch.
-inline std::int64_t mtime_ns(const struct stat& st) noexcept {
-  return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(st.st_mtim.tv_nsec);
-}
-
-} // namespace detail::data
+} // namespace detail
 
 /// A read-only, private mapping of a whole file.
 ///
 /// Move-only; the mapping is released by the destructor. An empty file is
 /// allowed: data() is then nullptr and size() is 0. The file's size and
-/// modification time are captured (fstat) when it is opened. Bytes are valid
+/// modification time, status-change time, device and inode are captured (fstat) when it is opened. Bytes are valid
 /// only while the file is not truncated by another process (as with any mmap).
 class mapped_file {
 public:
@@ -83,26 +66,29 @@ public:
   ///         cannot be opened, stat'ed or mapped, or is not a regular file.
   explicit mapped_file(const std::filesystem::path& path, access_advice advice = access_advice::normal) : path_(path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw error(detail::data::errno_message("mapped_file: cannot open", path, errno));
+    if (fd < 0) throw error(detail::errno_message("mapped_file: cannot open", path, errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
       const int err = errno;
       ::close(fd);
-      throw error(detail::data::errno_message("mapped_file: cannot stat", path, err));
+      throw error(detail::errno_message("mapped_file: cannot stat", path, err));
     }
     if (!S_ISREG(st.st_mode)) {
       ::close(fd);
       throw error("mapped_file: '" + path.string() + "' is not a regular file");
     }
     size_ = static_cast<std::size_t>(st.st_size);
-    mtime_ns_ = detail::data::mtime_ns(st);
+    mtime_ns_ = detail::mtime_ns(st);
+    ctime_ns_ = detail::ctime_ns(st);
+    device_ = static_cast<std::uint64_t>(st.st_dev);
+    inode_ = static_cast<std::uint64_t>(st.st_ino);
     if (size_ > 0) {
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
       if (p == MAP_FAILED) {
         const int err = errno;
         ::close(fd);
         size_ = 0;
-        throw error(detail::data::errno_message("mapped_file: cannot mmap", path, err));
+        throw error(detail::errno_message("mapped_file: cannot mmap", path, err));
       }
       data_ = static_cast<const char*>(p);
     }
@@ -116,7 +102,8 @@ public:
   /// Takes over `other`'s mapping; `other` becomes empty.
   mapped_file(mapped_file&& other) noexcept
       : path_(std::move(other.path_)), data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)),
-        mtime_ns_(std::exchange(other.mtime_ns_, 0)) {}
+        mtime_ns_(std::exchange(other.mtime_ns_, 0)), ctime_ns_(std::exchange(other.ctime_ns_, 0)),
+        device_(std::exchange(other.device_, 0)), inode_(std::exchange(other.inode_, 0)) {}
 
   /// Releases this mapping and takes over `other`'s; `other` becomes empty.
   mapped_file& operator=(mapped_file&& other) noexcept {
@@ -126,6 +113,9 @@ public:
       data_ = std::exchange(other.data_, nullptr);
       size_ = std::exchange(other.size_, 0);
       mtime_ns_ = std::exchange(other.mtime_ns_, 0);
+      ctime_ns_ = std::exchange(other.ctime_ns_, 0);
+      device_ = std::exchange(other.device_, 0);
+      inode_ = std::exchange(other.inode_, 0);
     }
     return *this;
   }
@@ -147,6 +137,12 @@ public:
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
   /// Modification time of the file when it was opened, ns since the Unix epoch.
   [[nodiscard]] std::int64_t mtime_ns() const noexcept { return mtime_ns_; }
+  /// Status-change time (st_ctim) when it was opened, ns since the Unix epoch.
+  [[nodiscard]] std::int64_t ctime_ns() const noexcept { return ctime_ns_; }
+  /// st_dev of the file when it was opened.
+  [[nodiscard]] std::uint64_t device() const noexcept { return device_; }
+  /// st_ino of the file when it was opened.
+  [[nodiscard]] std::uint64_t inode() const noexcept { return inode_; }
 
   /// Applies an madvise(2) hint to the whole mapping. Hints are advisory:
   /// failures are ignored. No-op for an empty file.
@@ -159,7 +155,7 @@ public:
     const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
     const std::size_t start = offset - offset % page;
     const std::size_t end = (length > size_ - offset) ? size_ : offset + length;
-    ::madvise(const_cast<char*>(data_) + start, end - start, detail::data::madvise_flag(advice));
+    ::madvise(const_cast<char*>(data_) + start, end - start, detail::madvise_flag(advice));
   }
 
 private:
@@ -173,6 +169,9 @@ private:
   const char* data_ = nullptr;
   std::size_t size_ = 0;
   std::int64_t mtime_ns_ = 0;
+  std::int64_t ctime_ns_ = 0;
+  std::uint64_t device_ = 0;
+  std::uint64_t inode_ = 0;
 };
 
 } // namespace dpkit
