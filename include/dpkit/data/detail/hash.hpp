@@ -115,11 +115,3 @@ inline std::uint64_t hash_bytes(const void* data, std::size_t n, std::uint64_t s
 }
 
 } // namespace dpkit::detail
-
-namespace dpkit::detail::data {
-// Transitional spellings for sampler headers that still say detail::data::
-// (permutation.hpp, token_budget_sampler.hpp); remove once they use dpkit::detail.
-using dpkit::detail::hash_bytes;
-using dpkit::detail::mix64;
-using dpkit::detail::splitmix64;
-} // namespace dpkit::detail::data
