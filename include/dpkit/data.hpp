@@ -1,5 +1,5 @@
 /// @file data.hpp
-/// @brief Umbrella header of dpkit's data area (design section 5): memory-mapped
+/// @brief Umbrella header of dpkit's data area (docs/design.md "Data"; docs/data.md): memory-mapped
 /// files, JSONL line indices and datasets, permutation engines, the
 /// distributed sampler and the token-budget batch sampler. The simdjson-based
 /// length column is separate: dpkit/data/jsonl_length_column.hpp.

@@ -1,6 +1,6 @@
 /// @file distributed_sampler.hpp
 /// @brief torch.utils.data.DistributedSampler with pluggable permutation
-/// engines (design section 5, "Samplers").
+/// engines (docs/design.md "Data"; docs/data.md "Samplers").
 #pragma once
 
 #include <dpkit/core/errors.hpp>
