@@ -288,6 +288,10 @@ int run(const args& a) {
   torch_lm::lm model(cfg);
   if (!a.batches.empty()) torch_lm::load_weights(*model, a.batches + "/init.bin");
 
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(a.lr));
+  std::int64_t start = 0;
+  if (!a.resume.empty()) start = load_checkpoint(a.resume, model, opt, world); // before DDP hooks the parameters
+
   std::unique_ptr<dpkit::mpi> comm;
   std::unique_ptr<dpkit::distributed_data_parallel<dpkit::mpi>> ddp;
   if (a.ddp == "dpkit") {
@@ -304,10 +308,6 @@ int run(const args& a) {
     torch::NoGradGuard ng;
     for (auto& p : model->parameters()) MPI_Bcast(p.data_ptr(), static_cast<int>(p.numel()), MPI_FLOAT, 0, MPI_COMM_WORLD);
   }
-  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(a.lr));
-
-  std::int64_t start = 0;
-  if (!a.resume.empty()) start = load_checkpoint(a.resume, model, opt, world);
   if (!a.dump.empty() && rank == 0 && start == 0) {
     std::filesystem::create_directories(a.dump);
     torch_lm::save_weights(*model, a.dump + "/init.bin");

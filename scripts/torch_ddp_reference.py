@@ -12,6 +12,10 @@ Subcommands:
                         real corpus, then `train` on the dumped weights and
                         batches, and compares the two loss curves step by step
                         (exit 1 if the relative difference exceeds --tol).
+  resume                trains --steps uninterrupted, then --resume-at steps with a
+                        checkpoint and --resume to --steps: the losses after the
+                        resume must equal the uninterrupted run's exactly; a
+                        truncated checkpoint must be refused with an error.
   bench                 one run, the same model and batches, four rows: dpkit DDP
                         (2 ranks), the official libtorch example's per-parameter
                         MPI_Allreduce (2 ranks), PyTorch DDP with gloo (2
@@ -292,6 +296,45 @@ def cmd_check(a):
     return 0 if ok else 1
 
 
+def cmd_resume(a):
+    work = a.workdir or tempfile.mkdtemp(prefix="dpkit_torch_resume_")
+    os.makedirs(work, exist_ok=True)
+    full, part, ckpt = (os.path.join(work, n) for n in ("full_losses.txt", "resumed_losses.txt", "ckpt.pt"))
+    for f in (full, part, ckpt):
+        if os.path.exists(f):
+            os.remove(f)
+    run_torch_lm(a, ["--steps", str(a.steps), "--loss-log", full, "--log-every", "0"])
+    run_torch_lm(a, ["--steps", str(a.resume_at), "--loss-log", part, "--checkpoint", ckpt, "--log-every", "0"])
+    run_torch_lm(a, ["--steps", str(a.steps), "--loss-log", part, "--resume", ckpt, "--log-every", "0"])
+    with open(full) as f:
+        x = f.read().split("\n")
+    with open(part) as f:
+        y = f.read().split("\n")
+    ok = x == y and len([l for l in x if l]) == a.steps
+    for l in y:
+        if l:
+            print("resumed run:", l, "" if l in x else "  <- differs from the uninterrupted run")
+    leftovers = [n for n in os.listdir(work) if ".tmp." in n]
+    if leftovers:
+        print(f"FAIL: temporary checkpoint files left behind: {leftovers}")
+        ok = False
+    # A damaged checkpoint is refused with an error, not a crash or a silent restart.
+    bad = os.path.join(work, "truncated.pt")
+    with open(ckpt, "rb") as f:
+        data = f.read()
+    with open(bad, "wb") as f:
+        f.write(data[: len(data) // 2])
+    cmd = [a.mpirun, "-np", "2", "--bind-to", "none", a.torch_lm, "--corpus", a.corpus, "--spm", a.spm,
+           "--steps", str(a.steps), "--resume", bad, "--log-every", "0"]
+    p = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=a.timeout)
+    refused = p.returncode != 0 and "not a readable torch_lm checkpoint" in p.stderr
+    print(f"truncated checkpoint: exit {p.returncode}, {'refused with a clear error' if refused else 'NOT refused'}")
+    ok = ok and refused
+    print(f"{'PASS' if ok else 'FAIL'}: losses of steps {a.resume_at}..{a.steps - 1} after --resume at step "
+          f"{a.resume_at} {'equal' if x == y else 'differ from'} the uninterrupted run's (2 ranks)")
+    return 0 if ok else 1
+
+
 def cmd_bench(a):
     work = a.workdir or tempfile.mkdtemp(prefix="dpkit_torch_bench_")
     # 1. batches and initial weights, from the corpus (one dpkit run).
@@ -333,7 +376,8 @@ def cmd_bench(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["train", "check", "bench"])
+    ap.add_argument("command", choices=["train", "check", "resume", "bench"])
+    ap.add_argument("--resume-at", type=int, default=3)
     ap.add_argument("--data", help="train: directory with init.bin and batches.rank<R>.bin")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--steps", type=int, default=50)
@@ -363,6 +407,8 @@ def main():
         return 0
     if a.command == "check":
         return cmd_check(a)
+    if a.command == "resume":
+        return cmd_resume(a)
     return cmd_bench(a)
 
 

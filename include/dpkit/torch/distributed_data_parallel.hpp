@@ -284,6 +284,7 @@ public:
       discard_step();
       std::rethrow_exception(e);
     }
+    if (ready_count_ != params_.size()) check_accumulators();
     if (opt_.find_unused_parameters) {
       for (std::size_t i = 0; i < params_.size(); ++i) {
         if (ready_[i]) continue;
@@ -417,6 +418,22 @@ private:
     } catch (...) {
       hook_error_ = std::current_exception();
     }
+  }
+
+  // A parameter whose gradient accumulator was replaced after construction
+  // (Tensor::set_data with another dtype or device, e.g. loading a checkpoint
+  // onto another device) has lost its hook: say so instead of reporting it as
+  // merely unused.
+  void check_accumulators() {
+    std::string replaced;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!ready_[i] && torch::autograd::impl::try_get_grad_accumulator(params_[i]) != accumulators_[i])
+        replaced += (replaced.empty() ? "'" : ", '") + names_[i] + "'";
+    if (replaced.empty()) return;
+    discard_step();
+    throw invalid_argument(prefix("finish") + "the gradient accumulators of " + replaced +
+                           " were replaced after the wrapper hooked them (set_data or a load that changed the dtype "
+                           "or device); construct distributed_data_parallel after loading the weights");
   }
 
   void reset_ready() {
