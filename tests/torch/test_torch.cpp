@@ -47,6 +47,16 @@ torch_lm::lm copy_of(const torch_lm::lm& ref) {
   return m;
 }
 
+// The tiny model with seeded weights (one intra-op thread: ranks are threads).
+torch_lm::lm seeded_model(std::uint64_t seed) {
+  torch::set_num_threads(1);
+  torch::manual_seed(seed);
+  return torch_lm::lm(tiny());
+}
+
+// One copy of ref per rank.
+std::vector<torch_lm::lm> per_rank_copies(const torch_lm::lm& ref) { return {copy_of(ref), copy_of(ref)}; }
+
 // Rows [rows, len] of token ids in [0, vocab), no padding (every rank has
 // the same number of targets, so the mean over the concatenated batch is the
 // mean of the ranks' means).
@@ -154,10 +164,8 @@ TEST_CASE("at::Tensor: views are typed and checked; non-contiguous, undefined, u
 }
 
 TEST_CASE("distributed_data_parallel on 2 ranks equals single-process training on the concatenated batch") {
-  torch::set_num_threads(1);
-  torch::manual_seed(7);
   const auto cfg = tiny();
-  torch_lm::lm ref(cfg);
+  auto ref = seeded_model(7);
   const int steps = 3;
   const std::int64_t rows = 2, len = 9;
   for (bool view : {false, true}) {
@@ -223,10 +231,8 @@ TEST_CASE("distributed_data_parallel on 2 ranks equals single-process training o
 }
 
 TEST_CASE("no_sync accumulates locally; the next synchronized step reduces the sums") {
-  torch::set_num_threads(1);
-  torch::manual_seed(11);
   const auto cfg = tiny();
-  torch_lm::lm ref(cfg);
+  auto ref = seeded_model(11);
   const std::int64_t rows = 2, len = 7;
   auto single = copy_of(ref);
   for (int micro = 0; micro < 2; ++micro) {
@@ -236,7 +242,7 @@ TEST_CASE("no_sync accumulates locally; the next synchronized step reduces the s
   const auto expected = grads_of(*single);
   for (bool view : {false, true}) {
     CAPTURE(view);
-    std::vector<torch_lm::lm> models{copy_of(ref), copy_of(ref)};
+    auto models = per_rank_copies(ref);
     auto outs = on_ranks<std::vector<torch::Tensor>>([&](dpkit::inproc& comm) {
       auto& m = models[static_cast<std::size_t>(comm.rank())];
       dpkit::ddp_options o;
@@ -366,11 +372,9 @@ TEST_CASE("find_unused_parameters: unused parameters are marked at finish; witho
 }
 
 TEST_CASE("all_finite and the norm from the reduction: NaN on one rank skips the step on all; clipping as torch") {
-  torch::set_num_threads(1);
-  torch::manual_seed(5);
   const auto cfg = tiny();
-  torch_lm::lm ref(cfg);
-  std::vector<torch_lm::lm> models{copy_of(ref), copy_of(ref)};
+  auto ref = seeded_model(5);
+  auto models = per_rank_copies(ref);
   struct out_t {
     bool finite0 = false, finite1 = true;
     double norm = 0, torch_norm = 0, clipped_norm = 0, torch_clip_returned = 0;
@@ -420,12 +424,10 @@ TEST_CASE("all_finite and the norm from the reduction: NaN on one rank skips the
 }
 
 TEST_CASE("fp16 and bf16 compression hooks: averaged gradients within 16-bit rounding of the uncompressed ones") {
-  torch::set_num_threads(1);
-  torch::manual_seed(9);
   const auto cfg = tiny();
-  torch_lm::lm ref(cfg);
+  auto ref = seeded_model(9);
   auto run = [&](dpkit::gradient_compression c) {
-    std::vector<torch_lm::lm> models{copy_of(ref), copy_of(ref)};
+    auto models = per_rank_copies(ref);
     return on_ranks<std::vector<torch::Tensor>>([&](dpkit::inproc& comm) {
       auto& m = models[static_cast<std::size_t>(comm.rank())];
       dpkit::ddp_options o;
@@ -466,11 +468,9 @@ TEST_CASE("fp16 and bf16 compression hooks: averaged gradients within 16-bit rou
 }
 
 TEST_CASE("destroying the wrapper removes its hooks: later backward passes stay local") {
-  torch::set_num_threads(1);
-  torch::manual_seed(13);
   const auto cfg = tiny();
-  torch_lm::lm ref(cfg);
-  std::vector<torch_lm::lm> models{copy_of(ref), copy_of(ref)};
+  auto ref = seeded_model(13);
+  auto models = per_rank_copies(ref);
   auto outs = on_ranks<std::vector<torch::Tensor>>([&](dpkit::inproc& comm) {
     auto& m = models[static_cast<std::size_t>(comm.rank())];
     {
