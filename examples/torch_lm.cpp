@@ -70,6 +70,7 @@ struct args {
   std::string ddp = "dpkit";
   bool bucket_view = false, find_unused = false;
   std::string compression = "none";
+  std::string algorithm = "automatic";
   std::string checkpoint, resume, dump, batches, loss_log, json;
   std::int64_t checkpoint_every = 0;
   std::int64_t warmup = 3; // steps left out of the timing summary
@@ -300,6 +301,7 @@ int run(const args& a) {
     o.bucket_cap_mb = a.bucket_cap_mb;
     o.gradient_as_bucket_view = a.bucket_view;
     o.find_unused_parameters = a.find_unused;
+    o.algorithm.algo = dpkit::parse_algorithm(a.algorithm);
     o.comm_hook = a.compression == "f16" ? dpkit::gradient_compression::f16
                   : a.compression == "bf16" ? dpkit::gradient_compression::bf16
                                             : dpkit::gradient_compression::none;
@@ -446,6 +448,7 @@ int main(int argc, char** argv) {
   app.add_flag("--bucket-view", a.bucket_view, "DDP gradient_as_bucket_view");
   app.add_flag("--find-unused", a.find_unused, "DDP find_unused_parameters");
   app.add_option("--compression", a.compression, "none | f16 | bf16 (comm hook)")->check(CLI::IsMember({"none", "f16", "bf16"}));
+  app.add_option("--algorithm", a.algorithm, "all-reduce of each bucket: automatic | ring | tree | native (MPI_Allreduce)");
   app.add_option("--checkpoint", a.checkpoint, "checkpoint file rank 0 writes (atomically) at the end");
   app.add_option("--checkpoint-every", a.checkpoint_every, "also every K steps");
   app.add_option("--resume", a.resume, "continue from this checkpoint");

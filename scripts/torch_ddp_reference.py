@@ -341,7 +341,7 @@ def cmd_bench(a):
     run_torch_lm(a, ["--steps", str(a.steps), "--dump", work, "--log-every", "0"])
     rows = {}
     for rep in range(a.repeat):
-        for name, extra, np in [("dpkit DDP (2 ranks)", ["--ddp", "dpkit"], 2),
+        for name, extra, np in [("dpkit DDP (2 ranks)", ["--ddp", "dpkit", "--algorithm", a.algorithm], 2),
                                 ("per-parameter MPI_Allreduce (2 ranks)", ["--ddp", "per-param"], 2),
                                 ("one rank alone", ["--ddp", "none", "--as-rank", "0"], 0)]:
             j = os.path.join(work, f"row{len(rows)}_{rep}.json")
@@ -354,6 +354,8 @@ def cmd_bench(a):
         res = train(a)
         s = summarize(res["times"], res["exposed"], res["tokens"], a.warmup)
         rows.setdefault("PyTorch DDP, gloo (2 processes)", []).append(dict(s, last_bucket_s=float("nan")))
+        if rep == 0:
+            print(f"dpkit DDP rows use --algorithm {a.algorithm}", flush=True)
     med = {k: {f: statistics.median(r[f] for r in v) for f in ("step_s", "tokens_per_s", "exposed_s", "last_bucket_s")}
            for k, v in rows.items()}
     single = med["one rank alone"]["tokens_per_s"]
@@ -378,6 +380,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["train", "check", "resume", "bench"])
     ap.add_argument("--resume-at", type=int, default=3)
+    ap.add_argument("--algorithm", default="automatic", help="bench: dpkit's bucket all-reduce algorithm")
     ap.add_argument("--data", help="train: directory with init.bin and batches.rank<R>.bin")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--steps", type=int, default=50)

@@ -486,6 +486,30 @@ TEST_CASE("destroying the wrapper removes its hooks: later backward passes stay 
   }
 }
 
+TEST_CASE("a parameter whose gradient accumulator was replaced after wrapping is named, not reported as unused") {
+  auto outs = on_ranks<std::string>([&](dpkit::inproc& comm) {
+    torch::nn::Linear lin(3, 2);
+    dpkit::distributed_data_parallel<dpkit::inproc> ddp(lin, comm);
+    // What a load that changes dtype or device does through set_data: the
+    // tensor forgets the accumulator the wrapper hooked.
+    torch::autograd::impl::set_grad_accumulator(lin->weight, std::weak_ptr<torch::autograd::Node>());
+    lin->forward(torch::ones({1, 3})).sum().backward();
+    try {
+      (void)ddp.finish();
+    } catch (const dpkit::invalid_argument& e) {
+      return std::string(e.what());
+    } catch (const std::exception& e) {
+      return std::string("wrong error type: ") + e.what();
+    }
+    return std::string("no error");
+  });
+  for (const auto& msg : outs) {
+    CAPTURE(msg);
+    CHECK(msg.find("gradient accumulators of 'weight' were replaced") != std::string::npos);
+    CHECK(msg.find("'bias'") == std::string::npos);
+  }
+}
+
 TEST_CASE("distributed_data_parallel argument errors") {
   auto outs = on_ranks<int>([&](dpkit::inproc& comm) {
     int caught = 0;
