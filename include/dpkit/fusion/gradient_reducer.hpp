@@ -40,6 +40,7 @@
 #include "bucket_plan.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -284,6 +285,12 @@ public:
   /// The gradient-ready order of the last completed synchronized step (empty
   /// before the first one); rebuild_buckets uses rank 0's.
   const std::vector<std::size_t>& observed_order() const noexcept { return last_order_; }
+  /// Wall-clock seconds each bucket's reduction took on the communication
+  /// thread (all-reduce, compression and statistics; plan order) in the last
+  /// synchronized step; valid after finish() returned, until the next step's
+  /// buckets launch. Used to compare the exposed communication with the last
+  /// bucket's all-reduce time.
+  const std::vector<double>& bucket_seconds() const noexcept { return bucket_sec_; }
 
   /// Parameter i's slice of its bucket's flat buffer, as a tensor_view<T>
   /// (DDP's gradient_as_bucket_view). Write the gradient there and call
@@ -522,6 +529,7 @@ private:
     remaining_.assign(plan_.buckets.size(), 0);
     handles_.assign(plan_.buckets.size(), collective_handle{});
     sumsq_.assign(plan_.buckets.size(), 0.0);
+    bucket_sec_.assign(plan_.buckets.size(), 0.0);
     reset_step();
   }
 
@@ -614,6 +622,7 @@ private:
 
   // Runs on the communication thread: (compress,) all-reduce, (decompress,) stats.
   void reduce_bucket(std::size_t b) {
+    const auto started = std::chrono::steady_clock::now();
     const bucket& bk = plan_.buckets[b];
     const std::size_t count = bk.bytes / element_size(bk.type);
     const std::size_t world = static_cast<std::size_t>(comm_.size());
@@ -635,6 +644,7 @@ private:
       }
       if (opt_.compute_stats) sumsq_[b] = detail::sum_of_squares(data, count);
     });
+    bucket_sec_[b] = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     // Write the bucket back to the registered gradients right away, so only
     // the last bucket's copy is left for finish().
     if (!grads_.empty())
@@ -731,6 +741,7 @@ private:
   std::vector<std::size_t> remaining_;
   std::vector<collective_handle> handles_;
   std::vector<double> sumsq_;
+  std::vector<double> bucket_sec_;
   std::vector<std::uint8_t> marked_;
   std::vector<std::uint8_t> accumulated_;
   std::vector<std::size_t> order_;

@@ -1,0 +1,482 @@
+// torch_lm: a small transformer language model trained data-parallel with
+// libtorch's C++ frontend and dpkit's DistributedDataParallel on the
+// repository's real corpus (Debian package descriptions).
+//
+//   mpirun -np 2 build/examples/torch_lm --steps 200
+//   mpirun -np 2 build/examples/torch_lm --steps 100 --checkpoint ckpt.pt --checkpoint-every 50
+//   mpirun -np 2 build/examples/torch_lm --steps 200 --resume ckpt.pt
+//
+// Data: dpkit's JSONL index of build/data/debian-descriptions.jsonl with its
+// num_tokens column (built on first use next to the corpus) feeds dpkit's
+// token-budget batch sampler, which gives each rank its batches; each text is
+// tokenized with SentencePiece (data/debian-bpe-8k.model) into
+// <bos> pieces <eos>. Every step logs the mean loss over ranks, tokens/s and
+// the exposed communication (from the last gradient hook of backward until
+// the averaged gradients are in place).
+//
+// Modes (--ddp): dpkit (default: dpkit::distributed_data_parallel over
+// dpkit::mpi); per-param (the official libtorch example's approach: after
+// backward, MPI_Allreduce on every parameter's gradient, then divide);
+// none (one process alone, e.g. with --batches DIR --as-rank 0).
+//
+// Reference check and benchmark (scripts/torch_ddp_reference.py):
+// --dump DIR writes the initial weights (DIR/init.bin) and every rank's token
+// batches (DIR/batches.rank<R>.bin); --batches DIR trains on those files
+// instead of the corpus, from DIR/init.bin; --loss-log FILE (rank 0) writes
+// "step loss" lines; --json FILE (rank 0) writes the run's timing summary.
+//
+// Determinism: fixed seeds, one intra-op thread per rank (ranks share the
+// cores), no dropout; --resume continues from a checkpoint (written by rank 0
+// atomically: temporary file, fsync, rename) with the sampler positioned in
+// O(1) and gives the same losses as an uninterrupted run.
+#include <dpkit/data.hpp>
+#include <dpkit/data/jsonl_length_column.hpp>
+#include <dpkit/torch/distributed_data_parallel.hpp>
+#include <dpkit/transport/mpi.hpp>
+
+#include "torch_lm_model.hpp"
+
+#include <CLI/CLI.hpp>
+#include <mpi.h>
+#include <simdjson.h>
+#include <torch/torch.h>
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct args {
+  std::int64_t steps = 200;
+  std::int64_t layers = 2, d_model = 128, heads = 4, max_len = 64;
+  std::uint64_t max_tokens = 512;
+  double lr = 1e-3, clip = 1.0, bucket_cap_mb = 25.0;
+  std::uint64_t seed = 1234;
+  std::string corpus = "build/data/debian-descriptions.jsonl";
+  std::string spm = "data/debian-bpe-8k.model";
+  std::string ddp = "dpkit";
+  bool bucket_view = false, find_unused = false;
+  std::string compression = "none";
+  std::string algorithm = "automatic";
+  std::string checkpoint, resume, dump, batches, loss_log, json;
+  std::int64_t checkpoint_every = 0;
+  std::int64_t warmup = 3; // steps left out of the timing summary
+  int as_rank = 0, log_every = 1;
+};
+
+using clk = std::chrono::steady_clock;
+double since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
+
+// SentencePiece through the torch_lm_spm module (see torch_lm_spm.cpp for why
+// it is loaded with dlopen into a local, deep-bound scope), found next to
+// this executable.
+class tokenizer {
+public:
+  explicit tokenizer(const std::string& model) {
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
+    const std::string mod = self + "/libtorch_lm_spm.so";
+    lib_ = ::dlopen(mod.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    if (!lib_) throw dpkit::error("cannot load " + mod + ": " + ::dlerror());
+    sym(open_, "torch_lm_spm_open");
+    sym(encode_, "torch_lm_spm_encode");
+    sym(bos_, "torch_lm_spm_bos");
+    sym(eos_, "torch_lm_spm_eos");
+    sym(close_, "torch_lm_spm_close");
+    char err[512] = {};
+    h_ = open_(model.c_str(), err, sizeof err);
+    if (!h_) throw dpkit::error("SentencePiece: cannot load " + model + ": " + err);
+  }
+  tokenizer(const tokenizer&) = delete;
+  tokenizer& operator=(const tokenizer&) = delete;
+  ~tokenizer() {
+    if (h_) close_(h_);
+    // lib_ stays loaded: SentencePiece's protobuf registers exit handlers.
+  }
+  /// Piece ids of text.
+  std::vector<int> encode(std::string_view text) const {
+    const int* ids = nullptr;
+    std::size_t n = 0;
+    char err[512] = {};
+    if (encode_(h_, text.data(), text.size(), &ids, &n, err, sizeof err) != 0)
+      throw dpkit::error(std::string("SentencePiece: ") + err);
+    return std::vector<int>(ids, ids + n);
+  }
+  int bos_id() const { return bos_(h_); }
+  int eos_id() const { return eos_(h_); }
+
+private:
+  template <class F>
+  void sym(F*& f, const char* name) {
+    f = reinterpret_cast<F*>(::dlsym(lib_, name));
+    if (!f) throw dpkit::error(std::string("libtorch_lm_spm.so lacks ") + name);
+  }
+  void* lib_ = nullptr;
+  void* h_ = nullptr;
+  void*(*open_)(const char*, char*, std::size_t) = nullptr;
+  int (*encode_)(void*, const char*, std::size_t, const int**, std::size_t*, char*, std::size_t) = nullptr;
+  int (*bos_)(void*) = nullptr;
+  int (*eos_)(void*) = nullptr;
+  void (*close_)(void*) = nullptr;
+};
+
+// Writes `path` atomically: f(tmp) writes a temporary file in the same
+// directory, which is fsync'ed and renamed over `path`, then the directory is
+// fsync'ed. A crash leaves either the old or the new file, never half of one.
+template <class F>
+void write_atomically(const std::string& path, F&& f) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path tmp = target.string() + ".tmp." + std::to_string(::getpid());
+  try {
+    f(tmp.string());
+    const int fd = ::open(tmp.c_str(), O_RDONLY);
+    if (fd < 0 || ::fsync(fd) != 0) {
+      if (fd >= 0) ::close(fd);
+      throw dpkit::error("fsync failed on " + tmp.string());
+    }
+    ::close(fd);
+    fs::rename(tmp, target);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
+  }
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+// The batches of one rank: from the corpus (sampler + SentencePiece) or from
+// a batch file.
+class batch_source {
+public:
+  batch_source(const args& a, int world, int rank) : a_(a) {
+    if (!a.batches.empty()) {
+      file_ = torch_lm::read_batches(a.batches + "/batches.rank" + std::to_string(rank) + ".bin");
+      return;
+    }
+    spm_.emplace(a.spm);
+    dpkit::jsonl_index_open_options open;
+    open.rebuild_if_stale = true;
+    open.build.length_column = dpkit::json_length_column("num_tokens");
+    // Rank 0 builds the index (if missing or stale) before the others open it.
+    if (rank == 0) index_.emplace(dpkit::jsonl_index::open(a.corpus, open));
+    if (a.ddp != "none") MPI_Barrier(MPI_COMM_WORLD);
+    if (rank != 0) index_.emplace(dpkit::jsonl_index::open(a.corpus, open));
+    if (!index_->has_lengths()) throw dpkit::error(a.corpus + ": index has no num_tokens column");
+    dpkit::token_budget_options o;
+    o.max_tokens = a.max_tokens;
+    o.max_sample_tokens = static_cast<std::uint64_t>(a.max_len) - 1; // + <bos>
+    o.oversize = dpkit::oversize_policy::truncate;
+    o.seed = a.seed;
+    sampler_.emplace(index_->lengths(), static_cast<std::uint64_t>(world), static_cast<std::uint64_t>(rank), o);
+  }
+
+  /// Rows [B, L] int32 of global step `step` (-1 pads).
+  torch::Tensor batch(std::int64_t step) {
+    if (!file_.empty()) {
+      if (step >= static_cast<std::int64_t>(file_.size()))
+        throw dpkit::invalid_argument("--batches: the batch file has " + std::to_string(file_.size()) +
+                                      " steps, step " + std::to_string(step) + " requested");
+      return file_[static_cast<std::size_t>(step)];
+    }
+    // O(1) positioning: epoch = step / batches per epoch, then batch(step % n).
+    const auto per_epoch = static_cast<std::int64_t>(sampler_->num_batches());
+    const auto epoch = static_cast<std::uint64_t>(step / per_epoch);
+    if (epoch != sampler_->epoch()) sampler_->set_epoch(epoch);
+    const auto idx = sampler_->batch(static_cast<std::uint64_t>(step % per_epoch));
+    std::vector<std::vector<int>> rows;
+    std::size_t longest = 0;
+    const std::size_t limit = static_cast<std::size_t>(a_.max_len) - 1;
+    for (auto i : idx) {
+      const std::string_view line = (*index_)[i];
+      simdjson::padded_string ps(line);
+      auto doc = parser_.iterate(ps);
+      std::string_view text;
+      if (doc["text"].get_string().get(text))
+        throw dpkit::format_error(a_.corpus + ": line " + std::to_string(i + 1) + " has no string field 'text'");
+      std::vector<int> ids = spm_->encode(text);
+      if (ids.size() > limit) ids.resize(limit);
+      std::vector<int> row;
+      row.reserve(ids.size() + 2);
+      row.push_back(spm_->bos_id());
+      row.insert(row.end(), ids.begin(), ids.end());
+      row.push_back(spm_->eos_id());
+      longest = std::max(longest, row.size());
+      rows.push_back(std::move(row));
+    }
+    auto t = torch::full({static_cast<std::int64_t>(rows.size()), static_cast<std::int64_t>(longest)}, -1, torch::kInt);
+    auto acc = t.accessor<int, 2>();
+    for (std::size_t r = 0; r < rows.size(); ++r)
+      for (std::size_t c = 0; c < rows[r].size(); ++c) acc[static_cast<std::int64_t>(r)][static_cast<std::int64_t>(c)] = rows[r][c];
+    return t;
+  }
+
+private:
+  const args& a_;
+  std::vector<torch::Tensor> file_;
+  std::optional<tokenizer> spm_;
+  std::optional<dpkit::jsonl_index> index_;
+  std::optional<dpkit::token_budget_batch_sampler> sampler_;
+  simdjson::ondemand::parser parser_;
+};
+
+void save_checkpoint(const std::string& path, torch_lm::lm& model, torch::optim::Adam& opt, std::int64_t step, int world) {
+  write_atomically(path, [&](const std::string& tmp) {
+    torch::serialize::OutputArchive ar;
+    model->save(ar);
+    torch::serialize::OutputArchive opt_ar;
+    opt.save(opt_ar);
+    ar.write("optimizer", opt_ar);
+    ar.write("dpkit_step", torch::tensor(step, torch::kLong));
+    ar.write("dpkit_world_size", torch::tensor(static_cast<std::int64_t>(world), torch::kLong));
+    ar.save_to(tmp);
+  });
+}
+
+std::int64_t load_checkpoint(const std::string& path, torch_lm::lm& model, torch::optim::Adam& opt, int world) {
+  try {
+    torch::serialize::InputArchive ar;
+    ar.load_from(path);
+    model->load(ar);
+    torch::serialize::InputArchive opt_ar;
+    ar.read("optimizer", opt_ar);
+    opt.load(opt_ar);
+    torch::Tensor step, w;
+    ar.read("dpkit_step", step);
+    ar.read("dpkit_world_size", w);
+    if (w.item<std::int64_t>() != world)
+      throw dpkit::invalid_argument("--resume " + path + ": written by " + std::to_string(w.item<std::int64_t>()) +
+                                    " ranks, resuming on " + std::to_string(world) +
+                                    " would give different batches");
+    return step.item<std::int64_t>();
+  } catch (const c10::Error& e) {
+    throw dpkit::format_error("--resume " + path + ": not a readable torch_lm checkpoint: " + e.what_without_backtrace());
+  }
+}
+
+int run(const args& a) {
+  int world = 1, rank = 0;
+  if (a.ddp != "none") {
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  } else {
+    rank = a.as_rank;
+  }
+  torch::set_num_threads(1);
+  torch::manual_seed(static_cast<std::uint64_t>(a.seed));
+  torch_lm::lm_config cfg;
+  cfg.layers = a.layers;
+  cfg.d_model = a.d_model;
+  cfg.heads = a.heads;
+  cfg.max_len = a.max_len + 1;
+  torch_lm::lm model(cfg);
+  if (!a.batches.empty()) torch_lm::load_weights(*model, a.batches + "/init.bin");
+
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(a.lr));
+  std::int64_t start = 0;
+  if (!a.resume.empty()) start = load_checkpoint(a.resume, model, opt, world); // before DDP hooks the parameters
+
+  std::unique_ptr<dpkit::mpi> comm;
+  std::unique_ptr<dpkit::distributed_data_parallel<dpkit::mpi>> ddp;
+  if (a.ddp == "dpkit") {
+    comm = std::make_unique<dpkit::mpi>(MPI_COMM_WORLD);
+    dpkit::ddp_options o;
+    o.bucket_cap_mb = a.bucket_cap_mb;
+    o.gradient_as_bucket_view = a.bucket_view;
+    o.find_unused_parameters = a.find_unused;
+    o.algorithm.algo = dpkit::parse_algorithm(a.algorithm);
+    o.comm_hook = a.compression == "f16" ? dpkit::gradient_compression::f16
+                  : a.compression == "bf16" ? dpkit::gradient_compression::bf16
+                                            : dpkit::gradient_compression::none;
+    ddp = std::make_unique<dpkit::distributed_data_parallel<dpkit::mpi>>(model, *comm, o); // broadcasts rank 0's weights
+  } else if (a.ddp == "per-param") {
+    torch::NoGradGuard ng;
+    for (auto& p : model->parameters()) MPI_Bcast(p.data_ptr(), static_cast<int>(p.numel()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  }
+  if (!a.dump.empty() && rank == 0 && start == 0) {
+    std::filesystem::create_directories(a.dump);
+    torch_lm::save_weights(*model, a.dump + "/init.bin");
+  }
+  std::unique_ptr<torch_lm::batch_writer> dump_batches;
+  if (!a.dump.empty()) {
+    if (a.ddp != "none") MPI_Barrier(MPI_COMM_WORLD); // rank 0 created the directory
+    dump_batches = std::make_unique<torch_lm::batch_writer>(a.dump + "/batches.rank" + std::to_string(rank) + ".bin");
+  }
+  batch_source data(a, world, rank);
+  std::FILE* loss_log = nullptr;
+  if (!a.loss_log.empty() && rank == 0) {
+    loss_log = std::fopen(a.loss_log.c_str(), start == 0 ? "w" : "a");
+    if (!loss_log) throw dpkit::error("cannot write " + a.loss_log);
+  }
+  if (rank == 0) {
+    std::size_t n = 0;
+    for (const auto& p : model->parameters()) n += static_cast<std::size_t>(p.numel());
+    std::printf("torch_lm: %lld layers, d_model %lld, %zu parameters (%.1f MiB f32), %d ranks, ddp=%s", static_cast<long long>(a.layers),
+                static_cast<long long>(a.d_model), n, static_cast<double>(n) * 4 / (1 << 20), world, a.ddp.c_str());
+    if (ddp) std::printf(", %zu buckets (bucket_cap_mb %.3g)", ddp->reducer().plan().size(), a.bucket_cap_mb);
+    std::printf(", steps %lld..%lld\n", static_cast<long long>(start), static_cast<long long>(a.steps));
+    std::fflush(stdout);
+  }
+
+  double sum_step = 0, sum_exposed = 0, sum_last_bucket = 0, sum_tokens = 0;
+  std::int64_t timed = 0, skipped = 0;
+  double first_loss = NAN, last_loss = NAN;
+  for (std::int64_t step = start; step < a.steps; ++step) {
+    auto rows = data.batch(step);
+    if (dump_batches) dump_batches->add(rows);
+    const double tokens = static_cast<double>((rows.slice(1, 1, rows.size(1)) >= 0).sum().item<std::int64_t>());
+    if (a.ddp != "none") MPI_Barrier(MPI_COMM_WORLD); // time the step, not the other rank's tokenizer
+    const auto t0 = clk::now();
+    opt.zero_grad();
+    auto loss = torch_lm::lm_loss(model, rows);
+    loss.backward();
+    double exposed = 0, last_bucket = 0;
+    bool finite = true;
+    if (ddp) {
+      const auto r = ddp->finish();
+      exposed = r.exposed_seconds;
+      last_bucket = r.last_bucket_seconds;
+      finite = r.all_finite;
+      if (finite && a.clip > 0) ddp->clip_grad_norm(a.clip);
+    } else {
+      const auto tb = clk::now();
+      if (a.ddp == "per-param") {
+        for (auto& p : model->parameters()) {
+          auto g = p.mutable_grad();
+          MPI_Allreduce(MPI_IN_PLACE, g.data_ptr(), static_cast<int>(g.numel()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          g.div_(world);
+        }
+      }
+      exposed = since(tb);
+      if (a.clip > 0) {
+        const double norm = torch::nn::utils::clip_grad_norm_(model->parameters(), a.clip);
+        finite = std::isfinite(norm);
+      }
+    }
+    if (finite) opt.step();
+    else ++skipped;
+    const double step_s = since(t0);
+    // Metrics: mean loss over ranks, tokens summed, times maxed (one small collective, for the log).
+    double m[5] = {loss.item<double>(), tokens, step_s, exposed, last_bucket};
+    std::vector<double> all(static_cast<std::size_t>(5 * world));
+    if (a.ddp != "none") MPI_Allgather(m, 5, MPI_DOUBLE, all.data(), 5, MPI_DOUBLE, MPI_COMM_WORLD);
+    else std::copy(m, m + 5, all.begin());
+    double gl = 0, gt = 0, gs = 0, ge = 0, gb = 0;
+    for (int r = 0; r < world; ++r) {
+      const double* v = all.data() + 5 * r;
+      gl += v[0] / world;
+      gt += v[1];
+      gs = std::max(gs, v[2]);
+      ge = std::max(ge, v[3]);
+      gb = std::max(gb, v[4]);
+    }
+    if (step == start) first_loss = gl;
+    last_loss = gl;
+    if (step - start >= a.warmup) {
+      sum_step += gs;
+      sum_exposed += ge;
+      sum_last_bucket += gb;
+      sum_tokens += gt;
+      ++timed;
+    }
+    if (rank == 0) {
+      if (loss_log) std::fprintf(loss_log, "%lld %.9g\n", static_cast<long long>(step), gl);
+      if (a.log_every > 0 && (step % a.log_every == 0 || step + 1 == a.steps)) {
+        std::printf("step %lld loss %.4f tokens %.0f step %.1f ms tokens/s %.0f exposed_comm %.2f ms%s\n",
+                    static_cast<long long>(step), gl, gt, 1e3 * gs, gt / gs, 1e3 * ge, finite ? "" : " (non-finite: skipped)");
+        std::fflush(stdout);
+      }
+    }
+    if (!a.checkpoint.empty() && a.checkpoint_every > 0 && (step + 1) % a.checkpoint_every == 0 && rank == 0)
+      save_checkpoint(a.checkpoint, model, opt, step + 1, world);
+  }
+  if (dump_batches) dump_batches->close();
+  if (loss_log) std::fclose(loss_log);
+  if (!a.checkpoint.empty() && rank == 0) save_checkpoint(a.checkpoint, model, opt, a.steps, world);
+  if (rank == 0) {
+    const double n = static_cast<double>(std::max<std::int64_t>(timed, 1));
+    std::printf("summary: ddp=%s ranks=%d first_loss=%.4f last_loss=%.4f step_ms=%.2f tokens_per_s=%.0f "
+                "exposed_comm_ms=%.3f last_bucket_ms=%.3f timed_steps=%lld skipped_steps=%lld\n",
+                a.ddp.c_str(), world, first_loss, last_loss, 1e3 * sum_step / n, sum_tokens / std::max(sum_step, 1e-12),
+                1e3 * sum_exposed / n, 1e3 * sum_last_bucket / n, static_cast<long long>(timed), static_cast<long long>(skipped));
+    if (!a.json.empty()) {
+      std::ofstream j(a.json);
+      j << "{\"ddp\": \"" << a.ddp << "\", \"ranks\": " << world << ", \"first_loss\": " << first_loss
+        << ", \"last_loss\": " << last_loss << ", \"step_s\": " << sum_step / n
+        << ", \"tokens_per_s\": " << sum_tokens / std::max(sum_step, 1e-12) << ", \"exposed_s\": " << sum_exposed / n
+        << ", \"last_bucket_s\": " << sum_last_bucket / n << ", \"timed_steps\": " << timed << "}\n";
+    }
+  }
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  args a;
+  CLI::App app{"torch_lm: a small transformer LM trained with dpkit's DistributedDataParallel for libtorch"};
+  app.add_option("--steps", a.steps, "train until this global step");
+  app.add_option("--layers", a.layers, "transformer blocks");
+  app.add_option("--d-model", a.d_model, "model width");
+  app.add_option("--heads", a.heads, "attention heads");
+  app.add_option("--max-len", a.max_len, "longest input row in tokens (<bos> + pieces, truncated)");
+  app.add_option("--max-tokens", a.max_tokens, "token budget of one rank's batch (padding included)");
+  app.add_option("--lr", a.lr, "Adam learning rate");
+  app.add_option("--clip", a.clip, "clip the gradient norm to this (0: off)");
+  app.add_option("--seed", a.seed, "model and sampler seed");
+  app.add_option("--corpus", a.corpus, "JSONL corpus with 'text' and 'num_tokens'");
+  app.add_option("--spm", a.spm, "SentencePiece model");
+  app.add_option("--ddp", a.ddp, "dpkit | per-param | none")->check(CLI::IsMember({"dpkit", "per-param", "none"}));
+  app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP bucket_cap_mb");
+  app.add_flag("--bucket-view", a.bucket_view, "DDP gradient_as_bucket_view");
+  app.add_flag("--find-unused", a.find_unused, "DDP find_unused_parameters");
+  app.add_option("--compression", a.compression, "none | f16 | bf16 (comm hook)")->check(CLI::IsMember({"none", "f16", "bf16"}));
+  app.add_option("--algorithm", a.algorithm, "all-reduce of each bucket: automatic | ring | tree | native (MPI_Allreduce)");
+  app.add_option("--checkpoint", a.checkpoint, "checkpoint file rank 0 writes (atomically) at the end");
+  app.add_option("--checkpoint-every", a.checkpoint_every, "also every K steps");
+  app.add_option("--resume", a.resume, "continue from this checkpoint");
+  app.add_option("--dump", a.dump, "write init.bin and batches.rank<R>.bin into this directory");
+  app.add_option("--batches", a.batches, "train on DIR/batches.rank<R>.bin from DIR/init.bin");
+  app.add_option("--as-rank", a.as_rank, "with --ddp none: whose batches to read");
+  app.add_option("--loss-log", a.loss_log, "rank 0 writes 'step loss' lines here");
+  app.add_option("--json", a.json, "rank 0 writes the timing summary here");
+  app.add_option("--warmup", a.warmup, "steps left out of the timing summary");
+  app.add_option("--log-every", a.log_every, "log every K steps (0: summary only)");
+  CLI11_PARSE(app, argc, argv);
+  const bool use_mpi = a.ddp != "none";
+  if (use_mpi) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    if (provided < MPI_THREAD_MULTIPLE) {
+      std::fprintf(stderr, "torch_lm: MPI does not provide MPI_THREAD_MULTIPLE\n");
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+  int rc = 1;
+  try {
+    rc = run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "torch_lm: %s\n", e.what());
+    if (use_mpi) MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+  if (use_mpi) MPI_Finalize();
+  return rc;
+}

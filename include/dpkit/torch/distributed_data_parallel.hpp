@@ -1,0 +1,491 @@
+/// @file distributed_data_parallel.hpp
+/// @brief `distributed_data_parallel`: PyTorch's DistributedDataParallel for
+/// libtorch's C++ frontend (which has none, pytorch/pytorch#48959), on dpkit's
+/// gradient_reducer and transports (issue 10; guide: docs/torch-ddp.md).
+///
+/// @code
+/// dpkit::mpi comm(MPI_COMM_WORLD);
+/// auto model = std::make_shared<Net>();
+/// dpkit::distributed_data_parallel ddp(model, comm);      // broadcasts rank 0's weights
+/// torch::optim::Adam opt(model->parameters(), 1e-3);
+/// for (auto& batch : my_batches) {
+///   opt.zero_grad();
+///   auto loss = loss_fn(model->forward(batch.x), batch.y);
+///   loss.backward();                  // bucket all-reduces start while backward runs
+///   auto r = ddp.finish();            // averaged gradients are in p.grad()
+///   if (!r.all_finite) continue;      // NaN/Inf on any rank: every rank skips
+///   ddp.clip_grad_norm(1.0);          // from the reduction's norm, no extra collective
+///   opt.step();
+/// }
+/// @endcode
+///
+/// Mechanism (torch/csrc/distributed/c10d/reducer.cpp): a post hook on every
+/// parameter's gradient accumulator (torch::autograd::impl::grad_accumulator,
+/// kept alive here as the Reducer keeps grad_accumulators_) hands the freshly
+/// accumulated gradient to a dpkit::gradient_reducer, which launches each
+/// bucket's all-reduce on the transport's communication thread as soon as the
+/// bucket is full, in bucket-index order on every rank. Backward keeps
+/// computing the earlier layers meanwhile.
+///
+/// Differences from torch DDP: the step ends with an explicit finish() (C++
+/// has no generic forward to wrap and no end-of-backward callback that could
+/// throw into the caller); find_unused_parameters marks unused parameters at
+/// finish() rather than by walking the graph at forward time, and a parameter
+/// unused on every rank gets a zero gradient instead of staying undefined;
+/// buffers are broadcast at construction and by sync_buffers() (torch:
+/// before every forward). CUDA parameters are staged through host buckets
+/// (dpkit::mpi and dpkit::inproc move host memory); gradient_as_bucket_view
+/// needs CPU parameters.
+#pragma once
+
+#include "../core/errors.hpp"
+#include "../fusion/gradient_reducer.hpp"
+#include "tensor.hpp"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dpkit {
+
+/// Options of distributed_data_parallel, named after
+/// torch.nn.parallel.DistributedDataParallel's arguments. Every rank must
+/// pass equal options (the bucket plan check catches differing bucket sizes).
+struct ddp_options {
+  /// Bucket size limit in MiB (DDP's bucket_cap_mb, default 25). > 0.
+  double bucket_cap_mb = 25.0;
+  /// Limit of the first bucket in MiB (DDP: dist._DEFAULT_FIRST_BUCKET_BYTES,
+  /// 1 MiB). > 0.
+  double first_bucket_cap_mb = 1.0;
+  /// DDP's find_unused_parameters: parameters that got no gradient in a step
+  /// are marked ready (with a zero contribution) at finish(). Without it such
+  /// a step throws dpkit::error naming them (DDP's "Expected to have finished
+  /// reduction in the prior iteration before starting a new one").
+  bool find_unused_parameters = false;
+  /// DDP's gradient_as_bucket_view: each p.grad() becomes a view into its
+  /// bucket, so gradients are accumulated, reduced and read in place (no
+  /// copy in or out). CPU parameters only.
+  bool gradient_as_bucket_view = false;
+  /// DDP's broadcast_buffers: broadcast rank 0's buffers at construction
+  /// (call sync_buffers() to repeat it, e.g. before each forward).
+  bool broadcast_buffers = true;
+  /// Communication hook: none, or the 16-bit compression of torch's
+  /// fp16_compress_hook / bf16_compress_hook (register_comm_hook).
+  gradient_compression comm_hook = gradient_compression::none;
+  /// Rebuild the buckets from the gradient-ready order of the first
+  /// synchronized step, agreed from rank 0 (DDP does this after iteration 1).
+  bool rebuild_buckets = true;
+  /// Compute all_finite and the global gradient norm in the reduction (one
+  /// read pass per bucket on the communication thread, no communication).
+  bool compute_stats = true;
+  /// All-reduce algorithm of every bucket.
+  allreduce_policy algorithm{};
+  /// Segment size, timeout and tag of every collective.
+  collective_options collective{};
+};
+
+/// What distributed_data_parallel::finish() reports.
+struct ddp_step_result {
+  /// False inside no_sync() (nothing communicated, gradients accumulate).
+  bool synchronized = false;
+  /// False if some rank had a NaN/Inf gradient: skip the optimizer step (the
+  /// same on every rank). True without compute_stats.
+  bool all_finite = true;
+  /// Global L2 norm of the averaged gradient over all parameters (double
+  /// accumulation); NaN without compute_stats or when !all_finite.
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();
+  /// Parameters marked ready at finish() because they got no gradient on
+  /// this rank (find_unused_parameters).
+  std::size_t unused_parameters = 0;
+  /// Seconds from the last gradient hook of this backward (or from the call
+  /// of finish() if no hook ran) until the averaged gradients were in place:
+  /// the communication backward did not hide.
+  double exposed_seconds = 0;
+  /// Seconds the last bucket's reduction took on the communication thread.
+  double last_bucket_seconds = 0;
+};
+
+namespace detail {
+// Shared between the wrapper and its hooks: a hook that outlives the wrapper
+// (the module is still alive) finds owner == nullptr and does nothing.
+template <class W>
+struct ddp_hook_state {
+  W* owner = nullptr;
+};
+} // namespace detail
+
+/// DistributedDataParallel over a torch::nn::Module and a dpkit transport C
+/// (dpkit::mpi, dpkit::inproc, or any async_transport moving host memory).
+/// Collective: every rank constructs it over an identically structured
+/// module, runs the same number of backward passes and calls finish() once
+/// after each (inside and outside no_sync alike). Neither copyable nor
+/// movable (the hooks refer to it); destroy it before the transport. The
+/// module must outlive it. One thread drives it (backward on CPU runs the
+/// hooks on the calling thread).
+template <async_transport C>
+class distributed_data_parallel {
+public:
+  /// Wraps `module`: collects its parameters that require a gradient
+  /// (registration order, as module->named_parameters()), broadcasts every
+  /// parameter and (with broadcast_buffers) buffer from rank 0, plans the
+  /// buckets and hooks every parameter's gradient accumulator.
+  /// @throws dpkit::invalid_argument for bucket_cap_mb <= 0, a parameter of
+  ///         an unsupported dtype, a non-contiguous or non-CPU parameter with
+  ///         gradient_as_bucket_view, or when ranks disagree on the parameters
+  ///         (naming the first differing one; on every rank).
+  distributed_data_parallel(std::shared_ptr<torch::nn::Module> module, C& comm, ddp_options options = {})
+      : module_(std::move(module)), comm_(comm), opt_(std::move(options)),
+        state_(std::make_shared<detail::ddp_hook_state<distributed_data_parallel>>()) {
+    if (!module_) throw invalid_argument(prefix("distributed_data_parallel") + "null module");
+    if (!(opt_.bucket_cap_mb > 0) || !(opt_.first_bucket_cap_mb > 0))
+      throw invalid_argument(prefix("distributed_data_parallel") + "bucket_cap_mb " +
+                             std::to_string(opt_.bucket_cap_mb) + " and first_bucket_cap_mb " +
+                             std::to_string(opt_.first_bucket_cap_mb) + " must be > 0");
+    std::vector<param_info> infos;
+    for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+      const at::Tensor& p = item.value();
+      if (!p.requires_grad()) continue;
+      const std::string what = prefix("distributed_data_parallel") + "parameter '" + item.key() + "'";
+      const element_type e = check_torch_tensor(p, what);
+      if (opt_.gradient_as_bucket_view && !p.device().is_cpu())
+        throw invalid_argument(what + " is on " + p.device().str() +
+                               "; gradient_as_bucket_view needs CPU parameters (host buckets)");
+      params_.push_back(p);
+      names_.push_back(item.key());
+      infos.push_back({static_cast<std::size_t>(p.numel()) * element_size(e), e, memory_space::host});
+    }
+    {
+      torch::NoGradGuard no_grad;
+      for (const auto& p : params_) broadcast_any(p);
+      if (opt_.broadcast_buffers) sync_buffers();
+    }
+    reducer_options ro;
+    ro.buckets.bucket_cap_bytes = static_cast<std::size_t>(opt_.bucket_cap_mb * 1024.0 * 1024.0);
+    ro.buckets.first_bucket_bytes = static_cast<std::size_t>(opt_.first_bucket_cap_mb * 1024.0 * 1024.0);
+    ro.algorithm = opt_.algorithm;
+    ro.collective = opt_.collective;
+    ro.compression = opt_.comm_hook;
+    ro.compute_stats = opt_.compute_stats;
+    ro.gradient_as_bucket_view = true; // the wrapper writes every gradient into its bucket slot itself
+    reducer_ = std::make_unique<gradient_reducer<C>>(comm_, std::move(infos), ro, names_);
+    ready_.assign(params_.size(), 0);
+    state_->owner = this;
+    install_hooks();
+  }
+
+  /// As the other constructor, for a module holder (e.g. torch::nn::Linear
+  /// or a TORCH_MODULE type).
+  template <class M>
+  distributed_data_parallel(const torch::nn::ModuleHolder<M>& module, C& comm, ddp_options options = {})
+      : distributed_data_parallel(std::static_pointer_cast<torch::nn::Module>(module.ptr()), comm,
+                                  std::move(options)) {}
+
+  distributed_data_parallel(const distributed_data_parallel&) = delete;
+  distributed_data_parallel& operator=(const distributed_data_parallel&) = delete;
+
+  /// Removes the hooks and waits for in-flight bucket all-reduces.
+  ~distributed_data_parallel() {
+    state_->owner = nullptr;
+    for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+  }
+
+  /// The wrapped module (DDP's .module).
+  const std::shared_ptr<torch::nn::Module>& module() const noexcept { return module_; }
+  /// The parameters DDP reduces (those requiring a gradient, registration order).
+  const std::vector<at::Tensor>& parameters() const noexcept { return params_; }
+  /// Their names (as module->named_parameters()).
+  const std::vector<std::string>& parameter_names() const noexcept { return names_; }
+  /// The options given at construction.
+  const ddp_options& options() const noexcept { return opt_; }
+  /// The underlying reducer (bucket plan, per-bucket timings).
+  const gradient_reducer<C>& reducer() const noexcept { return *reducer_; }
+  /// The transport.
+  C& communicator() const noexcept { return comm_; }
+
+  /// Broadcasts every buffer of the module (e.g. BatchNorm running stats)
+  /// from rank 0 (DDP's broadcast_buffers, which torch runs before each
+  /// forward). Collective.
+  /// @throws dpkit::invalid_argument for a buffer of an unsupported dtype or
+  ///         layout; the collective's errors.
+  void sync_buffers() {
+    torch::NoGradGuard no_grad;
+    for (const auto& b : module_->buffers(/*recurse=*/true)) broadcast_any(b);
+  }
+
+  /// RAII scope of DDP's no_sync(): backward passes inside accumulate
+  /// gradients locally in p.grad() (the hooks do nothing) and finish()
+  /// returns synchronized = false; the first step after the scope reduces
+  /// the accumulated sums. Move-only.
+  class no_sync_guard {
+  public:
+    no_sync_guard(no_sync_guard&& o) noexcept : d_(std::exchange(o.d_, nullptr)) {}
+    no_sync_guard& operator=(no_sync_guard&&) = delete;
+    no_sync_guard(const no_sync_guard&) = delete;
+    no_sync_guard& operator=(const no_sync_guard&) = delete;
+    /// Leaves no_sync mode.
+    ~no_sync_guard() {
+      if (d_) d_->no_sync_ = false;
+    }
+
+  private:
+    friend class distributed_data_parallel;
+    explicit no_sync_guard(distributed_data_parallel* d) : d_(d) {}
+    distributed_data_parallel* d_;
+  };
+
+  /// Enters no_sync mode until the returned guard is destroyed (gradient
+  /// accumulation; DDP's `with ddp.no_sync():`).
+  /// @throws dpkit::invalid_argument if already in no_sync mode or a
+  ///         synchronized backward has started (some hooks ran) and finish()
+  ///         was not called yet.
+  [[nodiscard]] no_sync_guard no_sync() {
+    if (no_sync_) throw invalid_argument(prefix("no_sync") + "already inside a no_sync scope");
+    if (ready_count_ != 0)
+      throw invalid_argument(prefix("no_sync") + "a synchronized backward is in progress (" +
+                             std::to_string(ready_count_) + " gradients ready); call finish() first");
+    no_sync_ = true;
+    return no_sync_guard(this);
+  }
+  /// True inside a no_sync scope.
+  bool in_no_sync() const noexcept { return no_sync_; }
+
+  /// Ends the step after backward: marks unused parameters (with
+  /// find_unused_parameters), waits for every bucket's all-reduce and leaves
+  /// the averaged gradients in p.grad() (with gradient_as_bucket_view p.grad()
+  /// is the bucket slice). After the first synchronized step the buckets are
+  /// rebuilt from rank 0's observed gradient order (rebuild_buckets).
+  /// Collective: every rank calls it once per backward.
+  /// @throws dpkit::error naming the parameters that got no gradient on this
+  ///         rank (without find_unused_parameters; torch DDP's "Expected to
+  ///         have finished reduction in the prior iteration before starting a
+  ///         new one"); the step is discarded and the wrapper stays usable.
+  /// @throws whatever a hook or a bucket's all-reduce threw (dpkit::error,
+  ///         dpkit::timeout_error, ...), after discarding the step.
+  ddp_step_result finish() {
+    using clock = std::chrono::steady_clock;
+    const auto called = clock::now();
+    ddp_step_result res;
+    if (no_sync_) return res;
+    if (hook_error_) {
+      auto e = std::exchange(hook_error_, nullptr);
+      discard_step();
+      std::rethrow_exception(e);
+    }
+    if (ready_count_ != params_.size()) check_accumulators();
+    if (opt_.find_unused_parameters) {
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        if (ready_[i]) continue;
+        auto bytes = reducer_->bucket_bytes(i);
+        if (!bytes.empty()) std::memset(bytes.data(), 0, bytes.size());
+        reducer_->mark_ready(i);
+        ready_[i] = 2;
+        ++res.unused_parameters;
+      }
+    }
+    reduce_result r;
+    try {
+      r = reducer_->finish();
+    } catch (...) {
+      reset_ready();
+      throw;
+    }
+    {
+      torch::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        at::Tensor& g = params_[i].mutable_grad();
+        if (opt_.gradient_as_bucket_view) {
+          if (!g.defined() || g.data_ptr() != static_cast<void*>(reducer_->bucket_bytes(i).data())) g = slot(i);
+        } else if (!g.defined()) {
+          g = slot(i).to(params_[i].device(), /*non_blocking=*/false, /*copy=*/true);
+        } else {
+          g.copy_(slot(i));
+        }
+      }
+    }
+    res.synchronized = r.synchronized;
+    res.all_finite = r.all_finite;
+    res.grad_norm = r.grad_norm;
+    res.exposed_seconds =
+        std::chrono::duration<double>(clock::now() - (any_hook_ ? last_hook_ : called)).count();
+    const auto& bs = reducer_->bucket_seconds();
+    if (!bs.empty()) res.last_bucket_seconds = bs.back();
+    last_ = res;
+    reset_ready();
+    ++synchronized_steps_;
+    if (opt_.rebuild_buckets && synchronized_steps_ == 1) rebuild();
+    return res;
+  }
+
+  /// The result of the last synchronized finish().
+  const ddp_step_result& last_result() const noexcept { return last_; }
+
+  /// torch.nn.utils.clip_grad_norm_ on the averaged gradients, using the norm
+  /// the last finish() computed in the reduction (no collective, no extra
+  /// pass to compute it): every gradient is multiplied by min(1, max_norm /
+  /// (norm + 1e-6)). Returns the total norm before clipping.
+  /// @throws dpkit::invalid_argument without compute_stats, before the first
+  ///         synchronized step, or for max_norm <= 0.
+  double clip_grad_norm(double max_norm) {
+    if (!opt_.compute_stats || synchronized_steps_ == 0)
+      throw invalid_argument(prefix("clip_grad_norm") + "needs compute_stats and a finished synchronized step");
+    if (!(max_norm > 0)) throw invalid_argument(prefix("clip_grad_norm") + "max_norm " + std::to_string(max_norm) + " must be > 0");
+    const double norm = last_.grad_norm;
+    const double coef = std::min(1.0, max_norm / (norm + 1e-6));
+    torch::NoGradGuard no_grad;
+    if (coef < 1.0)
+      for (auto& p : params_)
+        if (p.grad().defined()) p.mutable_grad().mul_(coef);
+    return norm;
+  }
+
+private:
+  std::string prefix(const char* what) const {
+    return std::string("distributed_data_parallel::") + what + ": rank " + std::to_string(comm_.rank()) + " of " +
+           std::to_string(comm_.size()) + ": ";
+  }
+
+  // Broadcasts t from rank 0 (a CUDA tensor through a host copy).
+  void broadcast_any(const at::Tensor& t) {
+    if (t.device().is_cpu()) {
+      torch_broadcast(comm_, t, 0, opt_.collective);
+      return;
+    }
+    at::Tensor h = t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    torch_broadcast(comm_, h, 0, opt_.collective);
+    at::Tensor(t).copy_(h);
+  }
+
+  // Parameter i's bucket slice as a CPU tensor of the parameter's shape.
+  at::Tensor slot(std::size_t i) {
+    auto bytes = reducer_->bucket_bytes(i);
+    return torch::from_blob(static_cast<void*>(bytes.data()), params_[i].sizes(),
+                            params_[i].options().device(at::kCPU).requires_grad(false));
+  }
+
+  void install_hooks() {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
+      std::weak_ptr<detail::ddp_hook_state<distributed_data_parallel>> weak = state_;
+      hook_keys_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            if (auto s = weak.lock(); s && s->owner) s->owner->on_gradient(i);
+            return outputs;
+          })));
+      accumulators_.push_back(std::move(acc));
+    }
+  }
+
+  // The post hook of parameter i's gradient accumulator: p.grad() holds its
+  // gradient for this backward (accumulated onto what was there).
+  void on_gradient(std::size_t i) noexcept {
+    if (no_sync_ || hook_error_) return;
+    try {
+      if (ready_[i])
+        throw error(prefix("backward") + "parameter " + std::to_string(i) + " ('" + names_[i] +
+                    "') got a gradient twice before finish() (torch DDP: \"Expected to have finished reduction in "
+                    "the prior iteration before starting a new one\"); call finish() after every backward, or "
+                    "accumulate inside no_sync()");
+      at::Tensor& g = params_[i].mutable_grad();
+      if (g.defined()) {
+        at::Tensor s = slot(i);
+        if (g.data_ptr() != s.data_ptr()) {
+          if (g.is_sparse()) throw invalid_argument(prefix("backward") + "sparse gradient of '" + names_[i] + "'");
+          s.copy_(g);
+          if (opt_.gradient_as_bucket_view) g = s;
+        }
+      } else {
+        auto bytes = reducer_->bucket_bytes(i);
+        if (!bytes.empty()) std::memset(bytes.data(), 0, bytes.size());
+      }
+      reducer_->mark_ready(i);
+      ready_[i] = 1;
+      ++ready_count_;
+      last_hook_ = std::chrono::steady_clock::now();
+      any_hook_ = true;
+    } catch (...) {
+      hook_error_ = std::current_exception();
+    }
+  }
+
+  // A parameter whose gradient accumulator was replaced after construction
+  // (Tensor::set_data with another dtype or device, e.g. loading a checkpoint
+  // onto another device) has lost its hook: say so instead of reporting it as
+  // merely unused.
+  void check_accumulators() {
+    std::string replaced;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!ready_[i] && torch::autograd::impl::try_get_grad_accumulator(params_[i]) != accumulators_[i])
+        replaced += (replaced.empty() ? "'" : ", '") + names_[i] + "'";
+    if (replaced.empty()) return;
+    discard_step();
+    throw invalid_argument(prefix("finish") + "the gradient accumulators of " + replaced +
+                           " were replaced after the wrapper hooked them (set_data or a load that changed the dtype "
+                           "or device); construct distributed_data_parallel after loading the weights");
+  }
+
+  void reset_ready() {
+    std::fill(ready_.begin(), ready_.end(), std::uint8_t{0});
+    ready_count_ = 0;
+    any_hook_ = false;
+  }
+
+  // Ends a step that failed: the reducer's finish() discards its state (and
+  // reports the missing parameters, which we drop in favour of the first error).
+  void discard_step() {
+    try {
+      (void)reducer_->finish();
+    } catch (...) {
+    }
+    reset_ready();
+  }
+
+  // DDP's bucket rebuild after the first iteration: the plan follows rank 0's
+  // observed ready order; gradient views into the old buckets are copied into
+  // the new ones.
+  void rebuild() {
+    torch::NoGradGuard no_grad;
+    std::vector<at::Tensor> keep;
+    if (opt_.gradient_as_bucket_view)
+      for (auto& p : params_) keep.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+    if (!reducer_->rebuild_buckets()) return;
+    if (opt_.gradient_as_bucket_view)
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        at::Tensor s = slot(i);
+        if (keep[i].defined()) s.copy_(keep[i]);
+        params_[i].mutable_grad() = s;
+      }
+  }
+
+  std::shared_ptr<torch::nn::Module> module_;
+  C& comm_;
+  ddp_options opt_;
+  std::shared_ptr<detail::ddp_hook_state<distributed_data_parallel>> state_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  std::unique_ptr<gradient_reducer<C>> reducer_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<std::uintptr_t> hook_keys_;
+  std::vector<std::uint8_t> ready_;
+  std::size_t ready_count_ = 0;
+  std::size_t synchronized_steps_ = 0;
+  std::chrono::steady_clock::time_point last_hook_{};
+  bool any_hook_ = false;
+  bool no_sync_ = false;
+  std::exception_ptr hook_error_;
+  ddp_step_result last_;
+};
+
+} // namespace dpkit
