@@ -246,7 +246,11 @@ public:
             next_poll = now + std::chrono::milliseconds(1);
           }
         }
-        if (spins > 1024) std::this_thread::yield(); // let an oversubscribed peer run
+        // Long waits back off: yield at first, then sleep briefly, so a
+        // communication thread waiting on a slow peer leaves the cores to the
+        // caller's compute (backward) instead of spinning on MPI_Test.
+        if (spins > (1u << 16)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+        else if (spins > 1024) std::this_thread::yield(); // let an oversubscribed peer run
       }
     }
   }
