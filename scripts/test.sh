@@ -29,7 +29,7 @@ elif [ "${1:-}" = "--sanitize" ]; then
   # Only the test suite is checked under the sanitizers: no benchmarks,
   # examples or nvcc objects (GPU tests skip without a device anyway), -O1.
   opts=(--buildtype=debug -Doptimization=1 -Db_sanitize=address,undefined -Db_lundef=false
-        -Dcuda=disabled -Dbenchmarks=disabled -Dexamples=disabled)
+        -Dcuda=disabled -Dbenchmarks=disabled -Dexamples=disabled -Dtorch=disabled)
   export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 fi
 if [ -d "$builddir/meson-info" ]; then
