@@ -277,6 +277,9 @@ public:
     std::vector<std::thread> threads;
     threads.reserve(static_cast<std::size_t>(size_));
     std::atomic<int> first_cause{-1};
+    // A new run: no rank has returned yet (the flags of an earlier run would
+    // make waits on a peer that simply finished that run fail).
+    for (int r = 0; r < size_; ++r) state(r).exited.store(false, std::memory_order_release);
     for (int r = 0; r < size_; ++r)
       threads.emplace_back([&, r] {
         try {
