@@ -44,13 +44,16 @@ void allreduce_shm_entry(C& comm, const In& in, Out& out, reduce_op op, const co
   const std::size_t bytes = size_of(in) * sizeof(T);
   const shm_mode m = mode == 0 ? shm_mode::one_shot
                      : mode == 1 ? shm_mode::two_shot
-                                 : (bytes <= one_shot_max ? shm_mode::one_shot : shm_mode::two_shot);
+                                 : (bytes <= one_shot_max || ctx.size <= 2 ? shm_mode::one_shot : shm_mode::two_shot);
   allreduce_shm_raw<C, T>(comm, ctx, seg, ip, outp, size_of(in), op, o, m);
 }
 } // namespace detail
 
 /// Out-of-place shared-memory all-reduce: out[i] = op over all ranks of in[i],
-/// one-shot up to `one_shot_max_bytes` bytes, two-shot above.
+/// one-shot up to `one_shot_max_bytes` bytes, two-shot above; always one-shot
+/// on two ranks (per rank, one-shot copies m bytes in and reduces (n-1) x m,
+/// two-shot copies m in, reduces (n-1) x m/n and copies m out: two-shot does
+/// less only from n = 3 on).
 ///
 /// @param comm a shared_memory_transport whose shm() is available (dpkit::mpi
 ///             with every rank on one node, dpkit::inproc).
