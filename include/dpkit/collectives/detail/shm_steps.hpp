@@ -31,7 +31,7 @@ public:
   shm_steps(C& comm, shm_segment& seg, collective_scope<C>& S, const op_context& ctx)
       : comm_(comm), seg_(seg), S_(S), ctx_(ctx),
         e_(seg.control(ctx.rank).step.load(std::memory_order_relaxed) >> shm_hash_bits),
-        hash_(S.fp().hash() & shm_hash_mask) {}
+        hash_(S.fp().hash() & shm_hash_mask), spins_(shm_spin_count(ctx.size)) {}
 
   /// The buffer this rank writes for the next step (then publish()).
   int next_buffer() const noexcept { return static_cast<int>((e_ + 1) & 1u); }
@@ -71,7 +71,7 @@ private:
                                 std::to_string(p) + " at shared-memory step " + std::to_string(e_) + " (rank " +
                                 std::to_string(p) + " is at step " +
                                 std::to_string(word.load(std::memory_order_acquire) >> shm_hash_bits) + ")");
-        });
+        }, spins_);
       });
     }
     const std::uint64_t w = word.load(std::memory_order_acquire);
@@ -100,6 +100,7 @@ private:
   const op_context& ctx_;
   std::uint64_t e_;
   std::uint64_t hash_;
+  int spins_;
 };
 
 /// Claims the transport's segment for one collective (one shm collective at a

@@ -10,6 +10,7 @@
 
 #include "../../core/errors.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -102,12 +103,21 @@ inline std::size_t shm_bytes_from_env(std::size_t fallback) {
   return static_cast<std::size_t>(v);
 }
 
-/// Waits (spin, then yield, then short sleeps) until `ready()`; every few
-/// hundred polls calls `check()` (which throws on deadline, abort or peer
-/// failure). Spinning is short so that more ranks than cores still progress.
+/// How many pause-spins a wait does before it yields: 256 when the world
+/// fits on the machine's cores, else none (a spinning rank would take the
+/// core from the peer it waits for).
+inline int shm_spin_count(int world_size) noexcept {
+  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<unsigned>(world_size) <= cores ? 256 : 0;
+}
+
+/// Waits (`spins` pause-spins, then yield, then short sleeps) until
+/// `ready()`; every 16 polls after the spins it calls `check()` (which throws
+/// on deadline, abort or peer failure). Spinning is short or absent so that
+/// more ranks than cores still progress.
 template <class Ready, class Check>
-void shm_wait(Ready&& ready, Check&& check) {
-  for (int i = 0; i < 256; ++i) {
+void shm_wait(Ready&& ready, Check&& check, int spins = 256) {
+  for (int i = 0; i < spins; ++i) {
     if (ready()) return;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
