@@ -20,12 +20,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-int world_rank() {
-  int r;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
 template <class T>
 MPI_Datatype mpi_type() {
   if constexpr (std::is_same_v<T, std::int32_t>) return MPI_INT32_T;

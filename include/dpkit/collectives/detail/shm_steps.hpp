@@ -64,6 +64,7 @@ private:
           const auto now = clock::now();
           if (now >= next_poll) {
             poll_unless_ready(p, ready);
+            check_peer_call(p, ready);
             next_poll = now + std::chrono::milliseconds(1);
           }
           if (now > S_.due() && !ready())
@@ -76,12 +77,27 @@ private:
     }
     const std::uint64_t w = word.load(std::memory_order_acquire);
     if ((w >> shm_hash_bits) == e_ && (w & shm_hash_mask) != hash_) {
-      S_.guard([&] {
-        throw mismatch_error("collective mismatch: rank " + std::to_string(ctx_.rank) + " runs " + S_.fp().str() +
-                             "; rank " + std::to_string(p) +
-                             " runs another collective at the same shared-memory step " + std::to_string(e_));
-      });
+      const fingerprint theirs = seg_.published(p);
+      const fingerprint& mine = S_.fp();
+      const std::string what =
+          theirs.valid && theirs.seq == mine.seq && !theirs.same_call(mine)
+              ? mismatch_text(ctx_.rank, mine, p, theirs)
+              : "collective mismatch: rank " + std::to_string(ctx_.rank) + " runs " + mine.str() + "; rank " +
+                    std::to_string(p) + " runs another collective at the same shared-memory step " + std::to_string(e_);
+      S_.guard([&] { throw mismatch_error(what); });
     }
+  }
+  // A peer that published (collective_scope) another call at this call's
+  // sequence number and stream runs something else: mismatch_error naming
+  // both (it may be in a ring or tree collective that sends us nothing).
+  template <class Ready>
+  void check_peer_call(int p, Ready& ready) {
+    const fingerprint& mine = S_.fp();
+    if (!mine.valid) return;
+    const fingerprint theirs = seg_.published(p);
+    if (!theirs.valid || theirs.seq != mine.seq || theirs.stream != mine.stream || theirs.same_call(mine)) return;
+    if (ready()) return;
+    throw mismatch_error(mismatch_text(ctx_.rank, mine, p, theirs));
   }
   // The transport's own failure checks (fault notices, a peer that returned),
   // unless the peer's step arrived meanwhile.

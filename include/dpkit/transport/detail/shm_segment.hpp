@@ -9,6 +9,7 @@
 #pragma once
 
 #include "../../core/errors.hpp"
+#include "health.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -29,14 +30,21 @@ namespace dpkit::detail {
 /// counter: (step number << 20) | (low 20 bits of the running collective's
 /// fingerprint hash); only its owner writes it (release), peers read it
 /// (acquire). `abort` is set (by any rank) when a collective failed, so
-/// waiters stop at once.
+/// waiters stop at once. `fp_words` hold the fingerprint of the collective
+/// the rank runs now (any algorithm), under the seqlock `fp_version` (odd
+/// while being written), so a rank waiting in a shm collective can name what
+/// a peer runs instead and detect a mismatch.
+inline constexpr std::size_t shm_fp_words = (sizeof(fingerprint) + 7) / 8;
 struct alignas(64) shm_control {
   std::atomic<std::uint64_t> step{0};
   char pad0[56];
   std::atomic<std::uint32_t> abort{0};
   char pad1[60];
+  std::atomic<std::uint64_t> fp_version{0};
+  std::atomic<std::uint64_t> fp_words[shm_fp_words]{};
 };
-static_assert(sizeof(shm_control) == 128);
+static_assert(sizeof(shm_control) == 192);
+static_assert(shm_fp_words <= 7);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 
 inline constexpr int shm_hash_bits = 20;
@@ -71,10 +79,35 @@ public:
   void reset_own() const noexcept {
     control(rank_).step.store(0, std::memory_order_relaxed);
     control(rank_).abort.store(0, std::memory_order_relaxed);
+    control(rank_).fp_version.store(0, std::memory_order_relaxed);
   }
   /// Sets every rank's abort word (a collective on this segment failed).
   void abort_all() const noexcept {
     for (int p = 0; p < size(); ++p) control(p).abort.store(1, std::memory_order_release);
+  }
+  /// Publishes fp as what this rank runs now (its own control line).
+  void publish(const fingerprint& fp) const noexcept {
+    auto& c = control(rank_);
+    std::uint64_t w[shm_fp_words] = {};
+    std::memcpy(w, &fp, sizeof fp);
+    const std::uint64_t v = c.fp_version.load(std::memory_order_relaxed);
+    c.fp_version.store(v + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    for (std::size_t i = 0; i < shm_fp_words; ++i) c.fp_words[i].store(w[i], std::memory_order_relaxed);
+    c.fp_version.store(v + 2, std::memory_order_release);
+  }
+  /// What rank p published last (invalid if it is being rewritten now).
+  fingerprint published(int p) const noexcept {
+    auto& c = control(p);
+    const std::uint64_t v1 = c.fp_version.load(std::memory_order_acquire);
+    if (v1 & 1u) return {};
+    std::uint64_t w[shm_fp_words];
+    for (std::size_t i = 0; i < shm_fp_words; ++i) w[i] = c.fp_words[i].load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (c.fp_version.load(std::memory_order_relaxed) != v1) return {};
+    fingerprint f;
+    std::memcpy(&f, w, sizeof f);
+    return f;
   }
   /// True once some rank set this rank's abort word.
   bool aborted() const noexcept { return control(rank_).abort.load(std::memory_order_acquire) != 0; }
