@@ -40,12 +40,17 @@ void allreduce_shm_entry(C& comm, const In& in, Out& out, reduce_op op, const co
   const auto ctx = make_context(comm, name);
   const auto [ip, outp] = resolve_inout(comm, ctx, in, out, size_of(in));
   if (space_of(in) != memory_space::host) ctx.invalid("shared-memory all-reduce needs host tensors");
-  shm_segment& seg = shm_of(comm, ctx);
-  const std::size_t bytes = size_of(in) * sizeof(T);
-  const shm_mode m = mode == 0 ? shm_mode::one_shot
-                     : mode == 1 ? shm_mode::two_shot
-                                 : (bytes <= one_shot_max || ctx.size <= 2 ? shm_mode::one_shot : shm_mode::two_shot);
-  allreduce_shm_raw<C, T>(comm, ctx, seg, ip, outp, size_of(in), op, o, m);
+  if constexpr (shared_memory_transport<C>) {
+    shm_segment& seg = shm_of(comm, ctx);
+    const std::size_t bytes = size_of(in) * sizeof(T);
+    const shm_mode m = mode == 0 ? shm_mode::one_shot
+                       : mode == 1 ? shm_mode::two_shot
+                                   : (bytes <= one_shot_max || ctx.size <= 2 ? shm_mode::one_shot : shm_mode::two_shot);
+    allreduce_shm_raw<C, T>(comm, ctx, seg, ip, outp, size_of(in), op, o, m);
+  } else {
+    (void)ip, (void)outp, (void)op, (void)o, (void)mode, (void)one_shot_max;
+    ctx.invalid("algorithm::shm requested but this transport cannot map a shared segment");
+  }
 }
 } // namespace detail
 
