@@ -6,6 +6,7 @@
 #pragma once
 
 #include "allreduce_ring.hpp"
+#include "allreduce_shm.hpp"
 #include "allreduce_tree.hpp"
 #include "policy.hpp"
 
@@ -21,8 +22,11 @@ void allreduce(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum, 
                const collective_options& o = {}) {
   using T = tensor_value_t<In>;
   const int n = comm.size();
-  switch (policy.choose(size_of(in) * sizeof(T), n)) {
+  const bool shm_ok = policy.algo == algorithm::automatic && space_of(in) == memory_space::host &&
+                      space_of(out) == memory_space::host && detail::shm_available(comm);
+  switch (policy.choose(size_of(in) * sizeof(T), n, shm_ok)) {
   case algorithm::tree: allreduce_tree(comm, in, out, op, o); return;
+  case algorithm::shm: allreduce_shm(comm, in, out, op, o, policy.shm_one_shot_max_bytes); return;
   case algorithm::native: {
     const auto ctx = detail::make_context(comm, "allreduce_native");
     const auto ip_outp = detail::resolve_inout(comm, ctx, in, out, size_of(in));

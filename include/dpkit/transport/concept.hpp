@@ -18,6 +18,7 @@
 #include "../core/device_ops.hpp"
 #include "detail/health.hpp"
 #include "detail/scratch_arena.hpp"
+#include "detail/shm_segment.hpp"
 
 #include <concepts>
 #include <cstddef>
@@ -104,13 +105,21 @@ concept splittable_transport = transport<C> && requires(C& c, int color, int key
   { c.split(color, key) } -> transport;
 };
 
-/// Refinement (planned, docs/design.md "Transports"): peers' buffers are mapped into this
-/// process (an MPI-3 shared window, or inproc ranks), so an algorithm can read
-/// and reduce a peer's segment in place. `peer_pointer(peer, local)` returns
-/// the address of the peer's buffer registered under the same key.
+/// Refinement: the ranks can map one shared segment (docs/algorithms.md
+/// "Shared memory"): an MPI-3 shared window on the node communicator (mpi,
+/// when every rank is on one node) or a block owned by the inproc_world.
+/// `shm()` returns this rank's view of the segment, or nullptr when it is
+/// unavailable at run time (ranks on several nodes, DPKIT_SHM_BYTES=0);
+/// the shm algorithms then refuse (invalid_argument) and the automatic
+/// policy does not choose them. `shm_poll(peer)` looks for a failure of the
+/// transport or of rank `peer` (a fault notice, a rank that returned) and
+/// throws peer_error / mismatch_error; waits on the segment call it about
+/// every millisecond. One shm collective at a time per transport (the
+/// segment has one step counter per rank).
 template <class C>
-concept shared_memory_transport = transport<C> && requires(C& c, int peer, const void* p) {
-  { c.peer_pointer(peer, p) } -> std::convertible_to<const void*>;
+concept shared_memory_transport = transport<C> && requires(C& c, int peer) {
+  { c.shm() } -> std::same_as<detail::shm_segment*>;
+  c.shm_poll(peer);
 };
 
 /// Refinement: the transport owns a communication thread that runs

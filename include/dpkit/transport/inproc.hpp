@@ -25,6 +25,7 @@
 #include "detail/scratch_arena.hpp"
 #include "concept.hpp"
 #include "detail/health.hpp"
+#include "detail/shm_segment.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -187,6 +188,13 @@ public:
   /// and later waits throw peer_error naming this rank (checked_transport).
   void report_failure(const std::string& what);
 
+  /// This rank's view of the world's shared segment (shared_memory_transport),
+  /// or nullptr when the world was created with shm_bytes == 0.
+  detail::shm_segment* shm() noexcept;
+  /// Throws peer_error / mismatch_error when the world failed or rank `peer`
+  /// already returned from its function (shared_memory_transport).
+  void shm_poll(int peer);
+
   /// This rank's communication thread (runs *_async collectives in order).
   progress_thread& progress() { return *progress_; }
   /// Host scratch reused by this rank's collectives (internal).
@@ -220,12 +228,24 @@ public:
   /// @param ops device primitives (nullptr: host memory only). With ops,
   ///        message payloads are moved with ops->copy, so they may be in host
   ///        or device memory; ops must outlive the world.
-  /// @throws dpkit::invalid_argument if world_size <= 0.
-  explicit inproc_world(int world_size, const device_ops* ops = nullptr) : size_(world_size), ops_(ops) {
+  /// @param shm_bytes capacity in bytes of each of a rank's two buffers in
+  ///        the world's shared segment (the shm algorithms; larger messages go
+  ///        through it in chunks); 0: no segment. Default: DPKIT_SHM_BYTES,
+  ///        else 256 KiB.
+  /// @throws dpkit::invalid_argument if world_size <= 0 or shm_bytes is in (0, 64).
+  explicit inproc_world(int world_size, const device_ops* ops = nullptr,
+                        std::size_t shm_bytes = detail::shm_bytes_from_env(256u << 10))
+      : size_(world_size), ops_(ops) {
     if (world_size <= 0)
       throw invalid_argument("inproc_world: world size must be >= 1, got " + std::to_string(world_size));
+    if (shm_bytes != 0 && shm_bytes < 64)
+      throw invalid_argument("inproc_world: shm_bytes must be 0 or >= 64, got " + std::to_string(shm_bytes));
     boxes_ = std::make_unique<detail::inproc_mailbox[]>(static_cast<std::size_t>(world_size));
     ranks_ = std::make_unique<rank_state[]>(static_cast<std::size_t>(world_size));
+    if (shm_bytes) {
+      shm_block_ = std::make_unique<detail::shm_block>(world_size, shm_bytes);
+      for (int r = 0; r < world_size; ++r) ranks_[static_cast<std::size_t>(r)].shm = shm_block_->view(r);
+    }
   }
   inproc_world(const inproc_world&) = delete;
   inproc_world& operator=(const inproc_world&) = delete;
@@ -257,6 +277,9 @@ public:
     std::vector<std::thread> threads;
     threads.reserve(static_cast<std::size_t>(size_));
     std::atomic<int> first_cause{-1};
+    // A new run: no rank has returned yet (the flags of an earlier run would
+    // make waits on a peer that simply finished that run fail).
+    for (int r = 0; r < size_; ++r) state(r).exited.store(false, std::memory_order_release);
     for (int r = 0; r < size_; ++r)
       threads.emplace_back([&, r] {
         try {
@@ -303,6 +326,7 @@ public:
       failed_.store(true, std::memory_order_release);
     }
     for (int r = 0; r < size_; ++r) ranks_[static_cast<std::size_t>(r)].health.fail(what);
+    if (shm_block_) ranks_[0].shm->abort_all();
     wake_all();
   }
 
@@ -320,6 +344,7 @@ private:
   struct rank_state {
     detail::comm_health health;
     std::atomic<bool> exited{false};
+    std::unique_ptr<detail::shm_segment> shm;
   };
   detail::inproc_mailbox& box(int r) { return boxes_[static_cast<std::size_t>(r)]; }
   rank_state& state(int r) { return ranks_[static_cast<std::size_t>(r)]; }
@@ -373,6 +398,7 @@ private:
   int size_;
   const device_ops* ops_;
   std::unique_ptr<detail::inproc_mailbox[]> boxes_;
+  std::unique_ptr<detail::shm_block> shm_block_; // before ranks_: views point into it
   std::unique_ptr<rank_state[]> ranks_;
   std::atomic<bool> failed_{false};
   mutable std::mutex fail_mu_;
@@ -387,6 +413,14 @@ inline bool inproc::accepts(memory_space s) const noexcept {
 }
 inline const device_ops* inproc::device() const noexcept { return world_->device(); }
 inline detail::comm_health& inproc::health() noexcept { return world_->state(rank_).health; }
+inline detail::shm_segment* inproc::shm() noexcept { return world_->state(rank_).shm.get(); }
+inline void inproc::shm_poll(int peer) {
+  world_->throw_if_failed(rank_);
+  if (peer >= 0 && peer < size() && peer != rank_ && world_->state(peer).exited.load(std::memory_order_acquire))
+    throw peer_error("inproc: rank " + std::to_string(rank_) + " waits for rank " + std::to_string(peer) +
+                     " in a shared-memory collective, but rank " + std::to_string(peer) +
+                     " already returned from its function");
+}
 inline void inproc::report_failure(const std::string& what) {
   world_->fail(rank_, "rank " + std::to_string(rank_) + " failed: " + what);
 }

@@ -35,6 +35,7 @@
 #include "detail/scratch_arena.hpp"
 #include "concept.hpp"
 #include "detail/health.hpp"
+#include "detail/shm_segment.hpp"
 
 #include <mpi.h>
 
@@ -83,10 +84,12 @@ struct mpi_shared {
   native_call call{};
   mpi_notice notice{};                 // what this rank sent (one failure per transport)
   std::vector<MPI_Request> notice_sends;
+  shm_segment* shm = nullptr;          // the shared segment, if any (its abort words)
 
   /// Records the first failure and tells every other rank (once).
   void fail_and_notify(const std::string& what, int kind, const fingerprint* fp = nullptr) {
     if (!health.fail(what)) return;
+    if (shm) shm->abort_all();
     notice.kind = kind;
     notice.rank = rank;
     notice.fp = fp ? *fp : health.current();
@@ -328,14 +331,17 @@ public:
     MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &flag);
     sh_->health.tags_enabled = flag && ub && *ub >= 0x7fffffff;
     create_half_ops();
+    create_shm(detail::shm_bytes_from_env(4u << 20));
   }
   mpi(const mpi&) = delete;
   mpi& operator=(const mpi&) = delete;
   mpi(mpi&& o) noexcept
       : comm_(o.comm_), owned_(o.owned_), rank_(o.rank_), size_(o.size_), half_ops_(o.half_ops_),
-        arena_(std::move(o.arena_)), progress_(std::move(o.progress_)), sh_(std::move(o.sh_)) {
+        arena_(std::move(o.arena_)), progress_(std::move(o.progress_)), sh_(std::move(o.sh_)),
+        shm_win_(o.shm_win_), shm_(std::move(o.shm_)) {
     o.owned_ = false;
     o.half_ops_.fill(MPI_OP_NULL);
+    o.shm_win_ = MPI_WIN_NULL;
   }
   ~mpi() {
     progress_.reset(); // finish queued async collectives first
@@ -344,6 +350,7 @@ public:
     if (finalized) return;
     for (auto& op : half_ops_)
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
+    if (shm_win_ != MPI_WIN_NULL) MPI_Win_free(&shm_win_);
     if (sh_)
       for (auto& r : sh_->notice_sends)
         if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
@@ -402,6 +409,18 @@ public:
   }
   /// Host scratch reused by this transport's collectives (internal).
   detail::scratch_arena& scratch() { return *arena_; }
+  /// This rank's view of the node's shared segment (shared_memory_transport):
+  /// an MPI_Win_allocate_shared window on MPI_Comm_split_type(
+  /// MPI_COMM_TYPE_SHARED), created by the constructor when every rank of the
+  /// communicator is on this node; nullptr otherwise (or DPKIT_SHM_BYTES=0).
+  detail::shm_segment* shm() noexcept { return shm_.get(); }
+  /// Takes a pending fault notice from another rank (throws peer_error or
+  /// mismatch_error), or throws communicator_error if this transport failed
+  /// (shared_memory_transport).
+  void shm_poll(int /*peer*/) {
+    sh_->poll(-1, 0);
+    sh_->health.check("shm", rank_);
+  }
 
   // ---- native collectives (algorithm::native) ----
 
@@ -483,6 +502,52 @@ public:
   }
 
 private:
+  // The shared segment: DPKIT_SHM_BYTES (default 4 MiB) per buffer, two
+  // buffers and a control line per rank, in one MPI-3 shared window over the
+  // node communicator. Collective over comm_. Not created when the ranks span
+  // several nodes (the refinement is then unavailable at run time).
+  void create_shm(std::size_t slot_bytes) {
+    if (slot_bytes == 0) return;
+    MPI_Comm node = MPI_COMM_NULL;
+    detail::mpi_check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+                      "MPI_Comm_split_type", rank_);
+    int node_size = 0, all_local = 0;
+    MPI_Comm_size(node, &node_size);
+    const int mine = node_size == size_ ? 1 : 0;
+    // Every rank must agree (a rank whose node holds all ranks implies all do, but be explicit).
+    detail::mpi_check(MPI_Allreduce(&mine, &all_local, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce", rank_);
+    if (!all_local) {
+      MPI_Comm_free(&node);
+      return;
+    }
+    const std::size_t region = detail::shm_region_bytes(slot_bytes);
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");
+    void* base = nullptr;
+    const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(region), 1, info, node, &base, &shm_win_);
+    MPI_Info_free(&info);
+    if (rc != MPI_SUCCESS) {
+      MPI_Comm_free(&node);
+      shm_win_ = MPI_WIN_NULL;
+      detail::mpi_check(rc, "MPI_Win_allocate_shared", rank_);
+    }
+    std::vector<std::byte*> bases(static_cast<std::size_t>(size_));
+    for (int p = 0; p < size_; ++p) {
+      MPI_Aint sz = 0;
+      int du = 0;
+      void* ptr = nullptr;
+      detail::mpi_check(MPI_Win_shared_query(shm_win_, p, &sz, &du, &ptr), "MPI_Win_shared_query", rank_);
+      bases[static_cast<std::size_t>(p)] = static_cast<std::byte*>(ptr);
+    }
+    new (base) detail::shm_control{}; // zeroed control line, before any peer reads it
+    shm_ = std::make_unique<detail::shm_segment>(rank_, std::move(bases), slot_bytes);
+    sh_->shm = shm_.get();
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    detail::mpi_check(MPI_Barrier(node), "MPI_Barrier", rank_);
+    MPI_Comm_free(&node);
+  }
+
   // One native collective call: the fingerprint agreement first when asked
   // (begin_native), then the non-blocking call waited against the deadline,
   // or the blocking call when no deadline was asked for (direct calls).
@@ -609,6 +674,8 @@ private:
   std::unique_ptr<detail::scratch_arena> arena_ = std::make_unique<detail::scratch_arena>();
   std::unique_ptr<progress_thread> progress_ = std::make_unique<progress_thread>();
   std::unique_ptr<detail::mpi_shared> sh_ = std::make_unique<detail::mpi_shared>();
+  MPI_Win shm_win_ = MPI_WIN_NULL;
+  std::unique_ptr<detail::shm_segment> shm_;
 };
 
 } // namespace dpkit

@@ -209,6 +209,12 @@ public:
       h.check(ctx.name, ctx.rank);
       fp_ = h.begin(fp_);
       if (h.tags_enabled && o.check >= 1) tag_base_ = checked_tag_base(fp_.seq, fp_.hash());
+      // Shared-memory transports also publish it in the segment: a peer
+      // waiting in a shm collective (which sends no tagged messages) names it
+      // and detects a mismatch (collectives/detail/shm_steps.hpp).
+      if constexpr (shared_memory_transport<C>)
+        if (o.check >= 1)
+          if (shm_segment* sg = comm.shm()) sg->publish(fp_);
     }
   }
   collective_scope(const collective_scope&) = delete;

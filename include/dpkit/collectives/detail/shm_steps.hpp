@@ -1,0 +1,162 @@
+// dpkit internals: numbered steps over a transport's shared segment
+// (transport/detail/shm_segment.hpp), the synchronization every shm algorithm
+// uses. Not for users.
+//
+// Protocol. Every rank keeps a step counter e in its control line. A step:
+// (1) the rank writes its own buffer (e + 1) % 2, (2) publishes e + 1 with a
+// release store, (3) waits (acquire) until every peer published >= e + 1,
+// (4) reads peers' buffers of that step. Every step waits for every peer, so
+// when a rank starts step e + 1 every peer has published e, i.e. finished
+// reading step e - 1, the last user of buffer (e + 1) % 2: two buffers make
+// back-to-back steps and back-to-back collectives safe without any extra
+// barrier (DeepSpeed's rotating state values). The published word carries the
+// low 20 bits of the collective's fingerprint hash; a peer at the same step
+// with another hash runs another collective (mismatch_error). Every wait
+// watches the deadline, the segment's abort words and (about every
+// millisecond) the transport's fault notices.
+#pragma once
+
+#include "common.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace dpkit::detail {
+
+/// The steps of one shm collective on rank ctx.rank (see the protocol above).
+template <class C>
+class shm_steps {
+public:
+  shm_steps(C& comm, shm_segment& seg, collective_scope<C>& S, const op_context& ctx)
+      : comm_(comm), seg_(seg), S_(S), ctx_(ctx),
+        e_(seg.control(ctx.rank).step.load(std::memory_order_relaxed) >> shm_hash_bits),
+        hash_(S.fp().hash() & shm_hash_mask), spins_(shm_spin_count(ctx.size)) {}
+
+  /// The buffer this rank writes for the next step (then publish()).
+  int next_buffer() const noexcept { return static_cast<int>((e_ + 1) & 1u); }
+  /// This rank's buffer b.
+  std::byte* mine(int b) const noexcept { return seg_.buffer(ctx_.rank, b); }
+  /// Rank p's buffer b.
+  const std::byte* of(int p, int b) const noexcept { return seg_.buffer(p, b); }
+  /// Publishes the next step (this rank's writes to next_buffer() are done)
+  /// and waits until every peer published it too.
+  void step() {
+    ++e_;
+    seg_.control(ctx_.rank).step.store((e_ << shm_hash_bits) | hash_, std::memory_order_release);
+    for (int p = 0; p < ctx_.size; ++p)
+      if (p != ctx_.rank) wait_for(p);
+  }
+
+private:
+  void wait_for(int p) {
+    auto& word = seg_.control(p).step;
+    auto ready = [&] { return (word.load(std::memory_order_acquire) >> shm_hash_bits) >= e_; };
+    if (!ready()) {
+      S_.guard([&] {
+        auto next_poll = clock::now() + std::chrono::milliseconds(1);
+        shm_wait(ready, [&] {
+          if (seg_.aborted()) {
+            poll_unless_ready(p, ready);
+            if (ready()) return;
+            throw peer_error("shm: rank " + std::to_string(ctx_.rank) + " stops: a peer's collective failed");
+          }
+          const auto now = clock::now();
+          if (now >= next_poll) {
+            poll_unless_ready(p, ready);
+            check_peer_call(p, ready);
+            next_poll = now + std::chrono::milliseconds(1);
+          }
+          if (now > S_.due() && !ready())
+            throw timeout_error("shm: rank " + std::to_string(ctx_.rank) + " timed out waiting for rank " +
+                                std::to_string(p) + " at shared-memory step " + std::to_string(e_) + " (rank " +
+                                std::to_string(p) + " is at step " +
+                                std::to_string(word.load(std::memory_order_acquire) >> shm_hash_bits) + ")");
+        }, spins_);
+      });
+    }
+    const std::uint64_t w = word.load(std::memory_order_acquire);
+    if ((w >> shm_hash_bits) == e_ && (w & shm_hash_mask) != hash_) {
+      const fingerprint theirs = seg_.published(p);
+      const fingerprint& mine = S_.fp();
+      const std::string what =
+          theirs.valid && theirs.seq == mine.seq && !theirs.same_call(mine)
+              ? mismatch_text(ctx_.rank, mine, p, theirs)
+              : "collective mismatch: rank " + std::to_string(ctx_.rank) + " runs " + mine.str() + "; rank " +
+                    std::to_string(p) + " runs another collective at the same shared-memory step " + std::to_string(e_);
+      S_.guard([&] { throw mismatch_error(what); });
+    }
+  }
+  // A peer that published (collective_scope) another call at this call's
+  // sequence number and stream runs something else: mismatch_error naming
+  // both (it may be in a ring or tree collective that sends us nothing).
+  template <class Ready>
+  void check_peer_call(int p, Ready& ready) {
+    const fingerprint& mine = S_.fp();
+    if (!mine.valid) return;
+    const fingerprint theirs = seg_.published(p);
+    if (!theirs.valid || theirs.seq != mine.seq || theirs.stream != mine.stream || theirs.same_call(mine)) return;
+    if (ready()) return;
+    throw mismatch_error(mismatch_text(ctx_.rank, mine, p, theirs));
+  }
+  // The transport's own failure checks (fault notices, a peer that returned),
+  // unless the peer's step arrived meanwhile.
+  template <class Ready>
+  void poll_unless_ready(int p, Ready& ready) {
+    try {
+      comm_.shm_poll(p);
+    } catch (...) {
+      if (!ready()) throw;
+    }
+  }
+
+  C& comm_;
+  shm_segment& seg_;
+  collective_scope<C>& S_;
+  const op_context& ctx_;
+  std::uint64_t e_;
+  std::uint64_t hash_;
+  int spins_;
+};
+
+/// Claims the transport's segment for one collective (one shm collective at a
+/// time per transport); releases it on destruction.
+class shm_claim {
+public:
+  shm_claim(shm_segment& seg, const op_context& ctx) : seg_(seg) {
+    if (seg.busy().exchange(true, std::memory_order_acquire))
+      ctx.invalid("another shared-memory collective runs on this transport now (one at a time per transport)");
+  }
+  shm_claim(const shm_claim&) = delete;
+  shm_claim& operator=(const shm_claim&) = delete;
+  ~shm_claim() { seg_.busy().store(false, std::memory_order_release); }
+
+private:
+  shm_segment& seg_;
+};
+
+/// The transport's segment, or invalid_argument naming the operation when it
+/// has none (not a shared_memory_transport, ranks on several nodes,
+/// DPKIT_SHM_BYTES=0).
+template <class C>
+shm_segment& shm_of(C& comm, const op_context& ctx) {
+  if constexpr (shared_memory_transport<C>) {
+    if (shm_segment* s = comm.shm()) {
+      if (s->size() != ctx.size || s->rank() != ctx.rank)
+        ctx.invalid("the shared segment's ranks do not match the transport's");
+      return *s;
+    }
+    ctx.invalid("shared memory is unavailable on this transport (ranks on several nodes, or DPKIT_SHM_BYTES=0)");
+  } else {
+    ctx.invalid("algorithm::shm requested but this transport cannot map a shared segment");
+  }
+}
+
+/// True when transport comm offers a shared segment now.
+template <class C>
+bool shm_available(C& comm) noexcept {
+  if constexpr (shared_memory_transport<C>) return comm.shm() != nullptr;
+  else return false;
+}
+
+} // namespace dpkit::detail

@@ -1,0 +1,281 @@
+// Shared-memory all-reduce (one-shot, two-shot, by size, and the automatic
+// policy's choice) on the inproc transport: every element type and op against
+// the sequential reference, counts 0, 1, < n, not divisible by n, larger than
+// one buffer (chunked), in and out of place, world sizes 1-9 and 13, all calls
+// of a world back to back with no barrier between them; float data where the
+// order matters, bitwise identical across ranks and equal to the rank-order
+// sum; and the unhappy path (a peer that never joins, a peer that throws,
+// mismatched calls, no segment).
+#include "common.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <thread>
+
+using namespace std::chrono_literals;
+
+namespace {
+
+enum class shm_kind { one_shot, two_shot, by_size, automatic };
+const char* name(shm_kind k) {
+  switch (k) {
+  case shm_kind::one_shot: return "one_shot";
+  case shm_kind::two_shot: return "two_shot";
+  case shm_kind::by_size: return "by_size";
+  case shm_kind::automatic: return "automatic";
+  }
+  return "?";
+}
+
+template <class In, class Out>
+void call(dpkit::inproc& comm, shm_kind k, In& in, Out& out, dpkit::reduce_op op, const dpkit::collective_options& o) {
+  switch (k) {
+  case shm_kind::one_shot: dpkit::allreduce_shm_one_shot(comm, in, out, op, o); break;
+  case shm_kind::two_shot: dpkit::allreduce_shm_two_shot(comm, in, out, op, o); break;
+  case shm_kind::by_size: dpkit::allreduce_shm(comm, in, out, op, o, 512); break;
+  case shm_kind::automatic: dpkit::allreduce(comm, in, out, op, dpkit::allreduce_policy{}, o); break;
+  }
+}
+
+// Runs every (kind, op, count, in-place) configuration back to back on an
+// n-rank world whose buffers hold shm_bytes; returns the failures.
+template <class T>
+std::vector<std::string> run_all(int n, std::size_t shm_bytes) {
+  dpkit::inproc_world world(n, nullptr, shm_bytes);
+  const std::size_t nn = static_cast<std::size_t>(n);
+  const std::size_t chunk = shm_bytes / sizeof(T);
+  const std::vector<std::size_t> counts = {0, 1, nn > 1 ? nn - 1 : 1, nn + 1, 3 * nn + 2, 1000, 3 * chunk + 7};
+  std::mutex mu;
+  std::vector<std::string> bad;
+  dpkit::collective_options o;
+  o.timeout = 60s;
+  world.run([&](dpkit::inproc& comm) {
+    const int r = comm.rank();
+    std::uint64_t salt = 0;
+    for (auto k : {shm_kind::one_shot, shm_kind::two_shot, shm_kind::by_size, shm_kind::automatic})
+      for (auto op : dpt::all_ops)
+        for (auto count : counts)
+          for (bool in_place : {false, true}) {
+            ++salt;
+            auto in = dpt::make_input<T>(op, r, count, 0, salt);
+            const auto saved = in;
+            std::vector<T> out(count, dpt::sentinel<T>());
+            if (in_place) {
+              call(comm, k, in, in, op, o);
+              out = in;
+            } else {
+              call(comm, k, in, out, op, o);
+              if (count && std::memcmp(saved.data(), in.data(), count * sizeof(T)) != 0) {
+                std::lock_guard lk(mu);
+                bad.push_back(std::string(name(k)) + ": out-of-place input modified");
+              }
+            }
+            for (std::size_t i = 0; i < count; ++i) {
+              const T e = dpt::reference<T>(op, n, i, salt);
+              if (std::memcmp(&e, &out[i], sizeof(T)) != 0) {
+                std::lock_guard lk(mu);
+                bad.push_back(std::string(name(k)) + " n=" + std::to_string(n) + " rank " + std::to_string(r) +
+                              " op " + std::string(dpkit::reduce_op_name(op)) + " count " + std::to_string(count) +
+                              (in_place ? " in-place" : "") + ": element " + std::to_string(i) + " is " +
+                              std::to_string(dpt::to_double(out[i])) + ", expected " + std::to_string(dpt::to_double(e)));
+                break;
+              }
+            }
+          }
+  });
+  return bad;
+}
+
+double since(dpkit::clock::time_point t0) { return std::chrono::duration<double>(dpkit::clock::now() - t0).count(); }
+
+struct outcome {
+  std::string type = "none";
+  std::string what;
+  double seconds = 0;
+};
+
+std::vector<outcome> run_world(dpkit::inproc_world& world, const std::function<void(dpkit::inproc&)>& body) {
+  std::vector<outcome> out(static_cast<std::size_t>(world.size()));
+  try {
+    world.run([&](dpkit::inproc& comm) {
+      auto& oc = out[static_cast<std::size_t>(comm.rank())];
+      const auto t0 = dpkit::clock::now();
+      try {
+        body(comm);
+        oc.type = "ok";
+      } catch (const dpkit::mismatch_error& e) {
+        oc = {"mismatch", e.what(), since(t0)};
+      } catch (const dpkit::peer_error& e) {
+        oc = {"peer", e.what(), since(t0)};
+      } catch (const dpkit::timeout_error& e) {
+        oc = {"timeout", e.what(), since(t0)};
+      } catch (const dpkit::communicator_error& e) {
+        oc = {"communicator", e.what(), since(t0)};
+      } catch (const dpkit::invalid_argument& e) {
+        oc = {"invalid", e.what(), since(t0)};
+      } catch (const std::exception& e) {
+        oc = {"other", e.what(), since(t0)};
+      }
+      if (oc.type != "ok") throw std::runtime_error(oc.what); // a failed rank fails the world, as a user's would
+    });
+  } catch (...) {
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE_TEMPLATE("shm all-reduce equals the sequential reference on every rank", T, DPKIT_ELEMENT_TYPES) {
+  for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
+    for (std::size_t shm_bytes : {std::size_t{256}, std::size_t{64} << 10}) {
+      if (shm_bytes > 256 && n > 3) continue; // chunking is covered by the small buffers
+      CAPTURE(n);
+      CAPTURE(shm_bytes);
+      const auto bad = run_all<T>(n, shm_bytes);
+      for (std::size_t i = 0; i < std::min<std::size_t>(bad.size(), 5); ++i) FAIL_CHECK(bad[i]);
+      CHECK(bad.empty());
+    }
+  }
+}
+
+TEST_CASE("shm all-reduce of float data is the rank-order sum, bitwise identical on every rank") {
+  // Values of many magnitudes: a different summation order gives different bits.
+  for (int n : {2, 3, 4, 5, 7, 9}) {
+    for (auto k : {shm_kind::one_shot, shm_kind::two_shot}) {
+      CAPTURE(n);
+      CAPTURE(name(k));
+      const std::size_t count = 5000;
+      std::vector<std::vector<float>> inputs(static_cast<std::size_t>(n)), outputs(static_cast<std::size_t>(n));
+      std::mt19937 g(static_cast<unsigned>(n));
+      std::uniform_real_distribution<float> u(-1.f, 1.f);
+      for (auto& v : inputs) {
+        v.resize(count);
+        for (std::size_t i = 0; i < count; ++i) v[i] = u(g) * std::pow(10.f, static_cast<float>(i % 9) - 4.f);
+      }
+      dpkit::inproc_world world(n, nullptr, 1024);
+      for (auto op : {dpkit::reduce_op::sum, dpkit::reduce_op::avg}) {
+        world.run([&](dpkit::inproc& comm) {
+          auto& out = outputs[static_cast<std::size_t>(comm.rank())];
+          out.assign(count, 0.f);
+          call(comm, k, inputs[static_cast<std::size_t>(comm.rank())], out, op, {});
+        });
+        std::vector<float> ref(count);
+        for (std::size_t i = 0; i < count; ++i) {
+          float acc = inputs[0][i];
+          for (int p = 1; p < n; ++p) acc += inputs[static_cast<std::size_t>(p)][i];
+          ref[i] = op == dpkit::reduce_op::avg ? acc / static_cast<float>(n) : acc;
+        }
+        for (int p = 0; p < n; ++p)
+          CHECK(std::memcmp(outputs[static_cast<std::size_t>(p)].data(), ref.data(), count * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("automatic all-reduce picks shm when the transport has a segment, and falls back without one") {
+  for (std::size_t shm_bytes : {std::size_t{0}, std::size_t{4096}}) {
+    dpkit::inproc_world world(3, nullptr, shm_bytes);
+    std::vector<std::string> algos(3);
+    world.run([&](dpkit::inproc& comm) {
+      std::vector<std::int32_t> v(100, comm.rank() + 1);
+      dpkit::allreduce(comm, v);
+      for (auto x : v) CHECK(x == 6);
+      const auto fp = comm.health().current();
+      algos[static_cast<std::size_t>(comm.rank())] = std::string(fp.algo, strnlen(fp.algo, sizeof fp.algo));
+      if (shm_bytes == 0) CHECK_THROWS_AS(dpkit::allreduce_shm(comm, v), dpkit::invalid_argument);
+    });
+    for (auto& a : algos) CHECK(a == (shm_bytes ? "shm1" : "tree"));
+  }
+}
+
+TEST_CASE("shm: a peer that never joins gives timeout_error within the deadline, not a hang") {
+  for (auto k : {shm_kind::one_shot, shm_kind::two_shot}) {
+    dpkit::inproc_world world(2, nullptr, 4096);
+    auto res = run_world(world, [&](dpkit::inproc& comm) {
+      if (comm.rank() == 1) {
+        std::this_thread::sleep_for(1500ms); // never calls; returns long after rank 0's deadline
+        return;
+      }
+      dpkit::collective_options o;
+      o.timeout = 200ms;
+      std::vector<float> v(10000, 1.f);
+      call(comm, k, v, v, dpkit::reduce_op::sum, o);
+    });
+    CAPTURE(res[0].what);
+    CHECK(res[0].type == "timeout");
+    CHECK(res[0].seconds >= 0.19);
+    CHECK(res[0].seconds < 1.5);
+    CHECK(res[0].what.find("deadline") != std::string::npos);
+  }
+}
+
+TEST_CASE("shm: a peer that throws ends the others' waits at once, and the transport refuses reuse") {
+  dpkit::inproc_world world(3, nullptr, 4096);
+  std::vector<std::string> second(3);
+  auto res = run_world(world, [&](dpkit::inproc& comm) {
+    std::vector<float> v(1000, 1.f);
+    dpkit::allreduce_shm(comm, v); // one good call first
+    if (comm.rank() == 2) {
+      std::this_thread::sleep_for(200ms); // the others are waiting in their second call by now
+      throw std::runtime_error("rank 2 fails before its second call");
+    }
+    try {
+      dpkit::allreduce_shm(comm, v);
+    } catch (const dpkit::peer_error&) {
+      try {
+        dpkit::allreduce_shm(comm, v);
+      } catch (const dpkit::communicator_error&) {
+        second[static_cast<std::size_t>(comm.rank())] = "communicator";
+      }
+      throw;
+    }
+  });
+  for (int r : {0, 1}) {
+    CAPTURE(res[static_cast<std::size_t>(r)].what);
+    CHECK(res[static_cast<std::size_t>(r)].type == "peer");
+    CHECK(res[static_cast<std::size_t>(r)].seconds < 5.0); // default deadline: 30 min
+    CHECK(second[static_cast<std::size_t>(r)] == "communicator");
+  }
+}
+
+TEST_CASE("shm: ranks running different all-reduces get mismatch_error") {
+  dpkit::inproc_world world(2, nullptr, 4096);
+  auto res = run_world(world, [&](dpkit::inproc& comm) {
+    std::vector<float> v(100, 1.f);
+    dpkit::allreduce_shm(comm, v, comm.rank() == 0 ? dpkit::reduce_op::sum : dpkit::reduce_op::max);
+  });
+  for (auto& r : res) {
+    CAPTURE(r.what);
+    CHECK((r.type == "mismatch" || r.type == "peer"));
+    CHECK(r.seconds < 5.0);
+  }
+  CHECK((res[0].type == "mismatch" || res[1].type == "mismatch"));
+}
+
+TEST_CASE("shm: bad sizes are invalid_argument and leave the transport usable") {
+  dpkit::inproc_world world(2, nullptr, 4096);
+  world.run([&](dpkit::inproc& comm) {
+    std::vector<float> a(10, 1.f), b(9);
+    CHECK_THROWS_AS(dpkit::allreduce_shm(comm, a, b), dpkit::invalid_argument);
+    dpkit::allreduce_shm(comm, a);
+    for (auto x : a) CHECK(x == 2.f);
+  });
+}
+
+TEST_CASE("policy: shm is chosen only when available and within shm_max_bytes") {
+  dpkit::allreduce_policy p;
+  CHECK(p.choose(8, 2, true) == dpkit::algorithm::shm);
+  CHECK(p.choose(8, 2, false) == dpkit::algorithm::tree);
+  CHECK(p.choose(8, 1, true) == dpkit::algorithm::tree);
+  p.shm_max_bytes = 1024;
+  CHECK(p.choose(2048, 2, true) == dpkit::algorithm::tree);
+  CHECK(p.choose(1 << 20, 2, true) == dpkit::algorithm::ring);
+  p.use_shm = false;
+  CHECK(p.choose(8, 2, true) == dpkit::algorithm::tree);
+  CHECK(dpkit::parse_algorithm("shm") == dpkit::algorithm::shm);
+  CHECK(dpkit::algorithm_name(dpkit::algorithm::shm) == "shm");
+}
