@@ -76,14 +76,29 @@ inline coll_counts counts_for(collective k, std::size_t total, int n) {
 
 /// What a transport must offer for an algorithm to run on it.
 enum class transport_need {
-  nothing,           ///< any dpkit transport (point-to-point algorithms)
-  native_collectives ///< dpkit::native_collectives<C> (MPI's own collectives)
+  nothing,            ///< any dpkit transport (point-to-point algorithms)
+  native_collectives, ///< dpkit::native_collectives<C> (MPI's own collectives)
+  shared_memory       ///< dpkit::shared_memory_transport<C> with a segment (one node)
 };
 
-/// True when transport C offers `need`.
+/// True when transport type C can offer `need`.
 template <class C>
 inline constexpr bool transport_has(transport_need need) noexcept {
-  return need == transport_need::nothing || dpkit::native_collectives<C>;
+  switch (need) {
+  case transport_need::nothing: return true;
+  case transport_need::native_collectives: return dpkit::native_collectives<C>;
+  case transport_need::shared_memory: return dpkit::shared_memory_transport<C>;
+  }
+  return false;
+}
+
+/// True when this transport object offers `need` now (a shared segment exists
+/// only when every rank is on one node).
+template <class C>
+bool transport_ready(C& comm, transport_need need) {
+  if (need != transport_need::shared_memory) return transport_has<C>(need);
+  if constexpr (dpkit::shared_memory_transport<C>) return dpkit::detail::shm_available(comm);
+  else return false;
 }
 
 /// One algorithm the *_perf programs can measure.
@@ -110,6 +125,7 @@ inline constexpr std::array algorithm_table{
                     bit(collective::allreduce) | bit(collective::reduce_scatter) | bit(collective::allgather)},
     algorithm_entry{dpkit::algorithm::tree, "tree", transport_need::nothing,
                     bit(collective::allreduce) | bit(collective::broadcast) | bit(collective::reduce)},
+    algorithm_entry{dpkit::algorithm::shm, "shm", transport_need::shared_memory, bit(collective::allreduce)},
     algorithm_entry{dpkit::algorithm::native, "native", transport_need::native_collectives, all_collectives},
     algorithm_entry{dpkit::algorithm::automatic, "auto", transport_need::nothing, all_collectives},
 };

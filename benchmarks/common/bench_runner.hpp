@@ -157,8 +157,8 @@ private:
     if (o_.algo_all) {
       for (const auto& e : algorithm_table) {
         if (!offered(e)) continue;
-        if (!transport_has<C>(e.need)) {
-          skipped_native_ = true;
+        if (!transport_ready(comm_, e.need)) {
+          if (e.need == transport_need::native_collectives) skipped_native_ = true;
           continue;
         }
         algos_.push_back(e.algo);
@@ -171,12 +171,13 @@ private:
       if (!e || !offered(*e)) {
         std::string list;
         for (const auto& x : algorithm_table)
-          if (offered(x) && transport_has<C>(x.need)) list += (list.empty() ? "" : " ") + std::string(x.label);
+          if (offered(x) && transport_ready(comm_, x.need)) list += (list.empty() ? "" : " ") + std::string(x.label);
         throw usage_error("-A " + label + ": dpkit has no " + label + " " + cname + " (available: " + list + ")");
       }
-      if (!transport_has<C>(e->need))
-        throw usage_error("-A " + label + ": the " + tname +
-                          " transport has no native collectives (run under mpirun without -t for MPI's)");
+      if (!transport_ready(comm_, e->need))
+        throw usage_error("-A " + label + ": the " + tname + " transport has no " +
+                          (e->need == transport_need::shared_memory ? std::string("shared segment (ranks on several nodes?)")
+                                                                    : std::string("native collectives (run under mpirun without -t for MPI's)")));
       algos_.push_back(a);
     }
   }
