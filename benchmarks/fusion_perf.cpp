@@ -30,6 +30,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -187,24 +188,29 @@ int run(C& comm, const config& cfg, const char* transport_name) {
     opt.buckets.bucket_cap_bytes = static_cast<std::size_t>(cap_mib * (1 << 20));
     double c_copy = 0, c_view = 0, d_bwd = 0, d_step = 0, d_exp = 0, d_exp_copy = 0, last_ar = 0;
     dpkit::bucket_plan plan;
+    // One timed step: (t0, t1) every bucket marked ready back to back, then
+    // finish; (s0, s1, s2) with simulated compute, gradients becoming ready in
+    // reverse order: start, end of backward, gradients ready.
+    const auto timed_step = [&](auto& red) {
+      dpkit::barrier(comm);
+      const auto t0 = clk::now();
+      for (std::size_t i = n; i-- > 0;) red.mark_ready(i);
+      red.finish();
+      const auto t1 = clk::now();
+      dpkit::barrier(comm);
+      const auto s0 = clk::now();
+      simulated_backward(s0, [&](std::size_t i) { red.mark_ready(i); });
+      const auto s1 = clk::now();
+      red.finish();
+      return std::array<clk::time_point, 5>{t0, t1, s0, s1, clk::now()};
+    };
     // (c) copy mode and (d) copy mode's exposed time
     {
       dpkit::gradient_reducer<C> red(comm, refs, opt, spec.names());
       plan = red.plan();
       timer tm(2);
       for (int it = 0; it < total_iters; ++it) {
-        dpkit::barrier(comm);
-        auto t0 = clk::now();
-        for (std::size_t i = n; i-- > 0;) red.mark_ready(i);
-        red.finish();
-        const auto t1 = clk::now();
-        // with simulated compute: gradients become ready in reverse order
-        dpkit::barrier(comm);
-        const auto s0 = clk::now();
-        simulated_backward(s0, [&](std::size_t i) { red.mark_ready(i); });
-        const auto s1 = clk::now();
-        red.finish();
-        const auto s2 = clk::now();
+        const auto [t0, t1, s0, s1, s2] = timed_step(red);
         if (it >= cfg.warmup) {
           tm.add(0, secs(t0, t1));
           tm.add(1, secs(s1, s2));
@@ -224,18 +230,7 @@ int run(C& comm, const config& cfg, const char* transport_name) {
       }
       timer tm(4);
       for (int it = 0; it < total_iters; ++it) {
-        dpkit::barrier(comm);
-        const auto t0 = clk::now();
-        for (std::size_t i = n; i-- > 0;) red.mark_ready(i);
-        red.finish();
-        const auto t1 = clk::now();
-        // with simulated compute: gradients become ready in reverse order
-        dpkit::barrier(comm);
-        const auto s0 = clk::now();
-        simulated_backward(s0, [&](std::size_t i) { red.mark_ready(i); });
-        const auto s1 = clk::now();
-        red.finish();
-        const auto s2 = clk::now();
+        const auto [t0, t1, s0, s1, s2] = timed_step(red);
         if (it >= cfg.warmup) {
           tm.add(0, secs(t0, t1));
           tm.add(1, secs(s0, s1));

@@ -47,26 +47,16 @@ struct pool {
 
 void run_algo(dpkit::mpi& comm, const std::string& a, const std::vector<float>& in, std::vector<float>& out,
               bool in_place) {
-  const dpkit::collective_options o;
-  if (a == "shm") {
-    if (in_place) dpkit::allreduce_shm(comm, out);
-    else dpkit::allreduce_shm(comm, in, out);
-  } else if (a == "shm1") {
-    if (in_place) dpkit::allreduce_shm_one_shot(comm, out);
-    else dpkit::allreduce_shm_one_shot(comm, in, out);
-  } else if (a == "shm2") {
-    if (in_place) dpkit::allreduce_shm_two_shot(comm, out);
-    else dpkit::allreduce_shm_two_shot(comm, in, out);
-  } else if (a == "ring") {
-    if (in_place) dpkit::allreduce_ring(comm, out);
-    else dpkit::allreduce_ring(comm, in, out);
-  } else if (a == "tree") {
-    if (in_place) dpkit::allreduce_tree(comm, out);
-    else dpkit::allreduce_tree(comm, in, out);
-  } else if (a == "auto") {
-    if (in_place) dpkit::allreduce(comm, out);
-    else dpkit::allreduce(comm, in, out);
-  } else if (a == "native") { // MPI_Allreduce itself, as allreduce_perf's native_deadline = false
+  // In place is the out-of-place call with out as both buffers, as dpkit's
+  // one-buffer overloads do.
+  const std::vector<float>& src = in_place ? out : in;
+  if (a == "shm") dpkit::allreduce_shm(comm, src, out);
+  else if (a == "shm1") dpkit::allreduce_shm_one_shot(comm, src, out);
+  else if (a == "shm2") dpkit::allreduce_shm_two_shot(comm, src, out);
+  else if (a == "ring") dpkit::allreduce_ring(comm, src, out);
+  else if (a == "tree") dpkit::allreduce_tree(comm, src, out);
+  else if (a == "auto") dpkit::allreduce(comm, src, out);
+  else if (a == "native") { // MPI_Allreduce itself, as allreduce_perf's native_deadline = false
     MPI_Allreduce(in_place ? MPI_IN_PLACE : in.data(), out.data(), static_cast<int>(out.size()), MPI_FLOAT, MPI_SUM,
                   MPI_COMM_WORLD);
   }

@@ -4,6 +4,8 @@
 // whole deadline, or crashed before dpkit checked collectives (v0.1).
 #include <dpkit/dpkit.hpp>
 
+#include "fault_util.hpp"
+
 #include <doctest/doctest.h>
 
 #include <Eigen/Dense>
@@ -23,42 +25,15 @@ namespace {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-double since(dpkit::clock::time_point t0) { return std::chrono::duration<double>(dpkit::clock::now() - t0).count(); }
-
-struct outcome {
-  std::string type; // "ok", "mismatch", "peer", "timeout", "communicator", "other"
-  std::string what;
-  double seconds = 0;
-};
+using faults::outcome;
+using faults::since;
 
 // Runs body(comm) on every rank of an n-rank world and records how each
 // rank's call ended. The default 30-minute deadline stays: a detection must
 // not depend on it.
 std::vector<outcome> run_world(int n, const std::function<void(dpkit::inproc&)>& body) {
   dpkit::inproc_world world(n);
-  std::vector<outcome> out(static_cast<std::size_t>(n));
-  try {
-    world.run([&](dpkit::inproc& comm) {
-      auto& o = out[static_cast<std::size_t>(comm.rank())];
-      const auto t0 = dpkit::clock::now();
-      try {
-        body(comm);
-        o.type = "ok";
-      } catch (const dpkit::mismatch_error& e) {
-        o = {"mismatch", e.what(), since(t0)};
-      } catch (const dpkit::peer_error& e) {
-        o = {"peer", e.what(), since(t0)};
-      } catch (const dpkit::timeout_error& e) {
-        o = {"timeout", e.what(), since(t0)};
-      } catch (const dpkit::communicator_error& e) {
-        o = {"communicator", e.what(), since(t0)};
-      } catch (const std::exception& e) {
-        o = {"other", e.what(), since(t0)};
-      }
-    });
-  } catch (...) {
-  }
-  return out;
+  return faults::run_world(world, body, false);
 }
 
 void check_all_throw_fast(const std::vector<outcome>& out) {

@@ -7,6 +7,7 @@
 // sum; and the unhappy path (a peer that never joins, a peer that throws,
 // mismatched calls, no segment).
 #include "common.hpp"
+#include "fault_util.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -90,41 +91,10 @@ std::vector<std::string> run_all(int n, std::size_t shm_bytes) {
   return bad;
 }
 
-double since(dpkit::clock::time_point t0) { return std::chrono::duration<double>(dpkit::clock::now() - t0).count(); }
-
-struct outcome {
-  std::string type = "none";
-  std::string what;
-  double seconds = 0;
-};
-
+using faults::outcome;
+using faults::since;
 std::vector<outcome> run_world(dpkit::inproc_world& world, const std::function<void(dpkit::inproc&)>& body) {
-  std::vector<outcome> out(static_cast<std::size_t>(world.size()));
-  try {
-    world.run([&](dpkit::inproc& comm) {
-      auto& oc = out[static_cast<std::size_t>(comm.rank())];
-      const auto t0 = dpkit::clock::now();
-      try {
-        body(comm);
-        oc.type = "ok";
-      } catch (const dpkit::mismatch_error& e) {
-        oc = {"mismatch", e.what(), since(t0)};
-      } catch (const dpkit::peer_error& e) {
-        oc = {"peer", e.what(), since(t0)};
-      } catch (const dpkit::timeout_error& e) {
-        oc = {"timeout", e.what(), since(t0)};
-      } catch (const dpkit::communicator_error& e) {
-        oc = {"communicator", e.what(), since(t0)};
-      } catch (const dpkit::invalid_argument& e) {
-        oc = {"invalid", e.what(), since(t0)};
-      } catch (const std::exception& e) {
-        oc = {"other", e.what(), since(t0)};
-      }
-      if (oc.type != "ok") throw std::runtime_error(oc.what); // a failed rank fails the world, as a user's would
-    });
-  } catch (...) {
-  }
-  return out;
+  return faults::run_world(world, body, true);
 }
 
 } // namespace

@@ -16,24 +16,20 @@
 
 namespace {
 
-// Independent decoding of binary16 from its fields.
-double f16_value(std::uint16_t h) {
-  const int s = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+// Independent decoding of a 16-bit IEEE-style float from its fields: sign,
+// `eb` exponent bits (bias 2^(eb-1) - 1), 15 - eb mantissa bits.
+double decode16(std::uint16_t h, int eb) {
+  const int mb = 15 - eb, emax = (1 << eb) - 1, bias = emax / 2;
+  const int s = h >> 15, e = (h >> mb) & emax, m = h & ((1 << mb) - 1);
   double v;
-  if (e == 31) v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-  else if (e == 0) v = std::ldexp(static_cast<double>(m), -24);
-  else v = std::ldexp(static_cast<double>(1024 + m), e - 25);
+  if (e == emax) v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else if (e == 0) v = std::ldexp(static_cast<double>(m), 1 - bias - mb);
+  else v = std::ldexp(static_cast<double>((1 << mb) + m), e - bias - mb);
   return s ? -v : v;
 }
-// Independent decoding of bfloat16 from its fields.
-double bf16_value(std::uint16_t h) {
-  const int s = h >> 15, e = (h >> 7) & 0xff, m = h & 0x7f;
-  double v;
-  if (e == 255) v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-  else if (e == 0) v = std::ldexp(static_cast<double>(m), -133);
-  else v = std::ldexp(static_cast<double>(128 + m), e - 134);
-  return s ? -v : v;
-}
+// binary16: 5 exponent bits; bfloat16: 8.
+double f16_value(std::uint16_t h) { return decode16(h, 5); }
+double bf16_value(std::uint16_t h) { return decode16(h, 8); }
 
 // Reference round-to-nearest-even of float x onto a 16-bit format whose
 // positive finite values are `table` (indexed by bit pattern, increasing) and

@@ -138,10 +138,7 @@ TEST_CASE("token_budget_batch_sampler: samples over the budget never make a batc
 
 TEST_CASE("token_budget_batch_sampler: resume at step k equals the tail of a full run; epochs differ") {
   const auto lengths = sampler_test::synthetic_lengths(5000, 7);
-  dpkit::token_budget_options o;
-  o.max_tokens = 2048;
-  o.sort_size = 64;
-  o.seed = 11;
+  const dpkit::token_budget_options o{.max_tokens = 2048, .sort_size = 64, .seed = 11};
   for (std::uint64_t rank = 0; rank < 4; ++rank) {
     dpkit::token_budget_batch_sampler full(lengths, 4, rank, o);
     full.set_epoch(3);
@@ -165,10 +162,7 @@ TEST_CASE("token_budget_batch_sampler: resume at step k equals the tail of a ful
 
 TEST_CASE("token_budget_batch_sampler: batch_size_multiple (fairseq)") {
   const auto lengths = sampler_test::synthetic_lengths(10000, 3);
-  dpkit::token_budget_options o;
-  o.max_tokens = 3000;
-  o.sort_size = 512;
-  o.batch_size_multiple = 8;
+  dpkit::token_budget_options o{.max_tokens = 3000, .sort_size = 512, .batch_size_multiple = 8};
   check_invariants(lengths, 2, o, 0);
   dpkit::token_budget_batch_sampler s(lengths, 2, 0, o);
   const std::uint64_t buffers = (lengths.size() + 1023) / 1024;
