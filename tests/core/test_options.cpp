@@ -21,9 +21,11 @@ TEST_CASE("collective_options: defaults, equality, printing, deadline") {
   CHECK(o.pipeline_depth == 2);
   CHECK(o.timeout == std::chrono::minutes(30));
   CHECK(o.tag == 0x6470);
-  CHECK(str(o) == "segment_bytes=1048576 pipeline_depth=2 timeout_ms=1800000 tag=25712");
+  CHECK(o.check == 1);          // DPKIT_CHECK unset: tags carry the fingerprint
+  CHECK(o.native_deadline);     // native collectives waited against the deadline
+  CHECK(str(o) == "segment_bytes=1048576 pipeline_depth=2 timeout_ms=1800000 tag=25712 check=1 native_deadline=1");
   dpkit::collective_options p{64, 4, std::chrono::milliseconds(200), 7};
-  CHECK(str(p) == "segment_bytes=64 pipeline_depth=4 timeout_ms=200 tag=7");
+  CHECK(str(p) == "segment_bytes=64 pipeline_depth=4 timeout_ms=200 tag=7 check=1 native_deadline=1");
   CHECK(o == dpkit::collective_options{});
   CHECK_FALSE(o == p);
   auto q = o;
@@ -60,7 +62,8 @@ TEST_CASE("allreduce_policy: equality, printing, choose") {
   CHECK(p == dpkit::allreduce_policy{});
   // Defaults measured with allreduce_perf (docs/tuning.md).
   CHECK(str(p) == "allreduce_policy{algo=automatic, tree_max_bytes=4096, tree_min_world=4, "
-                  "tree_max_bytes_large_world=65536}");
+                  "tree_max_bytes_large_world=65536, use_shm=1, shm_max_bytes=18446744073709551615, "
+                  "shm_one_shot_max_bytes=65536}");
   dpkit::allreduce_policy ring{algorithm::ring};
   CHECK_FALSE(p == ring);
   CHECK(str(ring).find("algo=ring") != std::string::npos);
