@@ -266,7 +266,7 @@ TEST_CASE("collective facts and the algorithm table") {
       if (e.collectives & db::bit(k)) s += std::string(e.label) + " ";
     return s;
   };
-  CHECK(labels(db::collective::allreduce) == "ring tree native auto ");
+  CHECK(labels(db::collective::allreduce) == "ring tree shm native auto ");
   CHECK(labels(db::collective::reduce_scatter) == "ring native auto ");
   CHECK(labels(db::collective::allgather) == "ring native auto ");
   CHECK(labels(db::collective::broadcast) == "tree native auto ");
