@@ -59,7 +59,8 @@ void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T
       shm_reduce_ranks<T>(out + off, [&](int p) { return reinterpret_cast<const T*>(st.of(p, b)); }, n, m, op);
       continue;
     }
-    const auto [sb, se] = chunk_range(m, n, r);
+    const auto own = chunk_range(m, n, r); // no structured binding: clang 14 cannot capture one
+    const std::size_t sb = own.first, se = own.second;
     const int b2 = st.next_buffer();
     T* red = reinterpret_cast<T*>(st.mine(b2));
     shm_reduce_ranks<T>(red + sb, [&](int p) { return reinterpret_cast<const T*>(st.of(p, b)) + sb; }, n, se - sb, op);
