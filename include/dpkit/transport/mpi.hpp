@@ -44,6 +44,7 @@
 #include <chrono>
 #include <cstring>
 #include <climits>
+#include <cstdint>
 #include <cstddef>
 #include <memory>
 #include <span>
@@ -520,7 +521,16 @@ private:
       MPI_Comm_free(&node);
       return;
     }
-    const std::size_t region = detail::shm_region_bytes(slot_bytes);
+    // MPI only promises the window's natural alignment (Open MPI's osc/sm
+    // hands out segments at offsets such as 0x108 under some builds), so ask
+    // for 64 bytes more and start each rank's region at its next 64-byte
+    // boundary. Mappings are page-aligned, so every process finds the same
+    // boundary in a peer's segment.
+    const std::size_t region = detail::shm_region_bytes(slot_bytes) + 64;
+    const auto align64 = [](void* p) {
+      const auto a = reinterpret_cast<std::uintptr_t>(p);
+      return reinterpret_cast<std::byte*>((a + 63) / 64 * 64);
+    };
     MPI_Info info;
     MPI_Info_create(&info);
     MPI_Info_set(info, "alloc_shared_noncontig", "true");
@@ -538,9 +548,9 @@ private:
       int du = 0;
       void* ptr = nullptr;
       detail::mpi_check(MPI_Win_shared_query(shm_win_, p, &sz, &du, &ptr), "MPI_Win_shared_query", rank_);
-      bases[static_cast<std::size_t>(p)] = static_cast<std::byte*>(ptr);
+      bases[static_cast<std::size_t>(p)] = align64(ptr);
     }
-    new (base) detail::shm_control{}; // zeroed control line, before any peer reads it
+    new (align64(base)) detail::shm_control{}; // zeroed control line, before any peer reads it
     shm_ = std::make_unique<detail::shm_segment>(rank_, std::move(bases), slot_bytes);
     sh_->shm = shm_.get();
     std::atomic_thread_fence(std::memory_order_seq_cst);

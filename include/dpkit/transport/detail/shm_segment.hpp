@@ -62,8 +62,15 @@ class shm_segment {
 public:
   shm_segment() = default;
   /// `bases[p]` is rank p's region (shm_region_bytes(slot_bytes) bytes, 64-byte aligned).
+  /// Throws dpkit::error naming the rank and the address when a base is not
+  /// 64-byte aligned (the control line is an alignas(64) object).
   shm_segment(int rank, std::vector<std::byte*> bases, std::size_t slot_bytes)
-      : rank_(rank), bases_(std::move(bases)), slot_bytes_(slot_bytes / 64 * 64) {}
+      : rank_(rank), bases_(std::move(bases)), slot_bytes_(slot_bytes / 64 * 64) {
+    for (std::size_t p = 0; p < bases_.size(); ++p)
+      if (reinterpret_cast<std::uintptr_t>(bases_[p]) % alignof(shm_control) != 0)
+        throw error("shm segment: rank " + std::to_string(rank_) + ": region of rank " + std::to_string(p) +
+                    " is not " + std::to_string(alignof(shm_control)) + "-byte aligned");
+  }
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return static_cast<int>(bases_.size()); }
