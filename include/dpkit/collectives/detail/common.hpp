@@ -207,7 +207,7 @@ public:
     if constexpr (checked_transport<C>) {
       auto& h = comm.health();
       h.check(ctx.name, ctx.rank);
-      fp_ = h.begin(fp_);
+      h.begin(fp_);
       if (h.tags_enabled && o.check >= 1) tag_base_ = checked_tag_base(fp_.seq, fp_.hash());
       // Shared-memory transports also publish it in the segment: a peer
       // waiting in a shm collective (which sends no tagged messages) names it
@@ -221,7 +221,7 @@ public:
   collective_scope& operator=(const collective_scope&) = delete;
   ~collective_scope() {
     if (!reported_ && std::uncaught_exceptions() > uncaught_)
-      report(what_.empty() ? std::string("an exception left the collective") : what_);
+      report("an exception left the collective");
   }
 
   /// The tag of algorithm part t.
@@ -294,7 +294,6 @@ private:
   fingerprint fp_{};
   std::size_t bytes_done_ = 0;
   bool reported_ = false;
-  std::string what_;
 };
 
 /// Segment size in elements for options o (>= 1).
