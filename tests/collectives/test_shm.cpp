@@ -224,6 +224,33 @@ TEST_CASE("shm: ranks running different all-reduces get mismatch_error") {
     CHECK(r.seconds < 5.0);
   }
   CHECK((res[0].type == "mismatch" || res[1].type == "mismatch"));
+  // The fingerprints reach the segment only when a rank waits or sees the
+  // mismatch; the error still names both calls.
+  bool named = false;
+  for (auto& r : res)
+    named |= r.what.find("allreduce(float, 100, sum, shm") != std::string::npos &&
+             r.what.find("allreduce(float, 100, max, shm") != std::string::npos;
+  CHECK(named);
+}
+
+TEST_CASE("shm: a rank in a shm all-reduce whose peer runs a ring all-reduce gets mismatch_error naming both") {
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    dpkit::inproc_world world(n, nullptr, 4096);
+    auto res = run_world(world, [&](dpkit::inproc& comm) {
+      std::vector<float> v(100, 1.f);
+      if (comm.rank() == 0) dpkit::allreduce_ring(comm, v);
+      else dpkit::allreduce_shm(comm, v);
+    });
+    bool named = false;
+    for (auto& r : res) {
+      CAPTURE(r.what);
+      CHECK((r.type == "mismatch" || r.type == "peer"));
+      CHECK(r.seconds < 5.0);
+      named |= r.what.find("ring") != std::string::npos && r.what.find("shm") != std::string::npos;
+    }
+    CHECK(named);
+  }
 }
 
 TEST_CASE("shm: bad sizes are invalid_argument and leave the transport usable") {

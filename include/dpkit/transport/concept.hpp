@@ -111,15 +111,17 @@ concept splittable_transport = transport<C> && requires(C& c, int color, int key
 /// `shm()` returns this rank's view of the segment, or nullptr when it is
 /// unavailable at run time (ranks on several nodes, DPKIT_SHM_BYTES=0);
 /// the shm algorithms then refuse (invalid_argument) and the automatic
-/// policy does not choose them. `shm_poll(peer)` looks for a failure of the
-/// transport or of rank `peer` (a fault notice, a rank that returned) and
-/// throws peer_error / mismatch_error; waits on the segment call it about
-/// every millisecond. One shm collective at a time per transport (the
-/// segment has one step counter per rank).
+/// policy does not choose them. `shm_poll(peer, tag)` looks for a failure of
+/// the transport or of rank `peer` (a fault notice, a rank that returned) and
+/// for a message that carries another collective at the sequence number of
+/// `tag` (the waiting collective's checked tag base; a plain tag checks
+/// nothing), and throws peer_error / mismatch_error; waits on the segment
+/// call it about every millisecond. One shm collective at a time per
+/// transport (the segment has one step counter per rank).
 template <class C>
-concept shared_memory_transport = transport<C> && requires(C& c, int peer) {
+concept shared_memory_transport = transport<C> && requires(C& c, int peer, int tag) {
   { c.shm() } -> std::same_as<detail::shm_segment*>;
-  c.shm_poll(peer);
+  c.shm_poll(peer, tag);
 };
 
 /// Refinement: the transport owns a communication thread that runs

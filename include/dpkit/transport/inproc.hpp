@@ -191,9 +191,11 @@ public:
   /// This rank's view of the world's shared segment (shared_memory_transport),
   /// or nullptr when the world was created with shm_bytes == 0.
   detail::shm_segment* shm() noexcept;
-  /// Throws peer_error / mismatch_error when the world failed or rank `peer`
-  /// already returned from its function (shared_memory_transport).
-  void shm_poll(int peer);
+  /// Throws peer_error / mismatch_error when the world failed, rank `peer`
+  /// already returned from its function, or a peer sent this rank a message
+  /// of another collective at the sequence number of `tag`
+  /// (shared_memory_transport).
+  void shm_poll(int peer, int tag);
 
   /// This rank's communication thread (runs *_async collectives in order).
   progress_thread& progress() { return *progress_; }
@@ -380,6 +382,21 @@ private:
   /// The tag of a message of `peer` that belongs to another collective at the
   /// same sequence number as `my_tag` (one queued for this rank, or a receive
   /// the peer posted for this rank), or 0.
+  /// Rank `peer` sent (or posted for) `rank` a message with tag ft of another
+  /// collective at rank's sequence number: fails the world and throws
+  /// mismatch_error naming both calls.
+  [[noreturn]] void throw_foreign(int rank, int peer, int ft) {
+    const auto mine = state(rank).health.current();
+    auto theirs = state(peer).health.at(mine.seq, mine.stream); // what the peer ran at our seq
+    if (!theirs.valid) theirs = state(peer).health.current();
+    std::string what = detail::mismatch_text(rank, mine, peer, theirs);
+    if (theirs.seq != mine.seq)
+      what = "collective mismatch: rank " + std::to_string(rank) + " runs " + mine.str() + "; rank " +
+             std::to_string(peer) + " sent a message of another collective at the same sequence number (tag " +
+             std::to_string(ft) + ")";
+    fail(rank, what, true);
+    throw mismatch_error(what);
+  }
   int foreign_from(int rank, int peer, int my_tag) {
     if (!detail::is_checked_tag(my_tag)) return 0;
     {
@@ -414,12 +431,18 @@ inline bool inproc::accepts(memory_space s) const noexcept {
 inline const device_ops* inproc::device() const noexcept { return world_->device(); }
 inline detail::comm_health& inproc::health() noexcept { return world_->state(rank_).health; }
 inline detail::shm_segment* inproc::shm() noexcept { return world_->state(rank_).shm.get(); }
-inline void inproc::shm_poll(int peer) {
+inline void inproc::shm_poll(int peer, int tag) {
   world_->throw_if_failed(rank_);
   if (peer >= 0 && peer < size() && peer != rank_ && world_->state(peer).exited.load(std::memory_order_acquire))
     throw peer_error("inproc: rank " + std::to_string(rank_) + " waits for rank " + std::to_string(peer) +
                      " in a shared-memory collective, but rank " + std::to_string(peer) +
                      " already returned from its function");
+  // A shm collective receives no messages: a peer's message at this call's
+  // sequence number is another collective's (e.g. a broadcast root that
+  // sent and went on).
+  for (int p = 0; p < size(); ++p)
+    if (p != rank_)
+      if (const int ft = world_->foreign_from(rank_, p, tag)) world_->throw_foreign(rank_, p, ft);
 }
 inline void inproc::report_failure(const std::string& what) {
   world_->fail(rank_, "rank " + std::to_string(rank_) + " failed: " + what);
@@ -445,18 +468,10 @@ inline void inproc_request::wait(deadline d) {
       }
     }
     world_->throw_if_failed(rank_);
-    if (const int ft = world_->foreign_from(rank_, peer_, tag_)) {
-      const auto mine = world_->state(rank_).health.current();
-      auto theirs = world_->state(peer_).health.at(mine.seq, mine.stream); // what the peer ran at our seq
-      if (!theirs.valid) theirs = world_->state(peer_).health.current();
-      std::string what = detail::mismatch_text(rank_, mine, peer_, theirs);
-      if (theirs.seq != mine.seq)
-        what = "collective mismatch: rank " + std::to_string(rank_) + " runs " + mine.str() + "; rank " +
-               std::to_string(peer_) + " sent a message of another collective at the same sequence number (tag " +
-               std::to_string(ft) + ")";
-      world_->fail(rank_, what, true);
-      throw mismatch_error(what);
-    }
+    // This rank waits: its current call goes to the shared segment, where a
+    // peer waiting in a shm collective reads it.
+    if (detail::shm_segment* sg = world_->state(rank_).shm.get()) sg->publish(world_->state(rank_).health.current());
+    if (const int ft = world_->foreign_from(rank_, peer_, tag_)) world_->throw_foreign(rank_, peer_, ft);
     if (world_->state(peer_).exited.load(std::memory_order_acquire) && !test())
       throw peer_error("inproc: rank " + std::to_string(rank_) + " waits for " + (is_send_ ? "send to" : "receive from") +
                        " rank " + std::to_string(peer_) + " (tag " + std::to_string(tag_) +

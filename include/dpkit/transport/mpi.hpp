@@ -123,6 +123,10 @@ struct mpi_shared {
   /// and looks for a message from `peer` (or any rank, peer < 0) that belongs
   /// to another collective at this collective's sequence number.
   void poll(int peer, int my_tag) {
+    // This rank waits: put its current call in the shared segment, where a
+    // peer waiting in a shm collective reads it (collective_scope publishes
+    // nothing for calls that never wait).
+    if (shm) shm->publish(health.current());
     int flag = 0;
     MPI_Status st;
     MPI_Iprobe(MPI_ANY_SOURCE, control_tag, comm, &flag, &st);
@@ -416,10 +420,12 @@ public:
   /// communicator is on this node; nullptr otherwise (or DPKIT_SHM_BYTES=0).
   detail::shm_segment* shm() noexcept { return shm_.get(); }
   /// Takes a pending fault notice from another rank (throws peer_error or
-  /// mismatch_error), or throws communicator_error if this transport failed
-  /// (shared_memory_transport).
-  void shm_poll(int /*peer*/) {
-    sh_->poll(-1, 0);
+  /// mismatch_error), looks for a message of another collective at the
+  /// sequence number of `tag` from any rank (mismatch_error: a shm
+  /// collective receives no messages), or throws communicator_error if this
+  /// transport failed (shared_memory_transport).
+  void shm_poll(int /*peer*/, int tag) {
+    sh_->poll(-1, tag);
     sh_->health.check("shm", rank_);
   }
 

@@ -209,12 +209,10 @@ public:
       h.check(ctx.name, ctx.rank);
       h.begin(fp_);
       if (h.tags_enabled && o.check >= 1) tag_base_ = checked_tag_base(fp_.seq, fp_.hash());
-      // Shared-memory transports also publish it in the segment: a peer
-      // waiting in a shm collective (which sends no tagged messages) names it
-      // and detects a mismatch (collectives/detail/shm_steps.hpp).
-      if constexpr (shared_memory_transport<C>)
-        if (o.check >= 1)
-          if (shm_segment* sg = comm.shm()) sg->publish(fp_);
+      // The fingerprint reaches the shared segment (where a peer waiting in a
+      // shm collective, which sends no tagged messages, reads it) only when
+      // this rank has to wait: shm_steps and the transports' waits publish
+      // it then, so a call that never waits pays nothing for it.
     }
   }
   collective_scope(const collective_scope&) = delete;
@@ -226,6 +224,9 @@ public:
 
   /// The tag of algorithm part t.
   int tag(tag_offset t) const noexcept { return tag_base_ + static_cast<int>(t); }
+  /// The tag base: on checked transports at check >= 1 it carries the
+  /// sequence number and fingerprint hash (foreign_tag compares those).
+  int tag_base() const noexcept { return tag_base_; }
   /// The collective's deadline.
   deadline due() const noexcept { return dl_; }
   /// This call's fingerprint (seq is meaningful on checked transports).

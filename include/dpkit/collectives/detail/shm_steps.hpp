@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 
 namespace dpkit::detail {
 
@@ -53,6 +54,7 @@ private:
     auto& word = seg_.control(p).step;
     auto ready = [&] { return (word.load(std::memory_order_acquire) >> shm_hash_bits) >= e_; };
     if (!ready()) {
+      publish_once(); // a peer that waits for us can name what we run
       S_.guard([&] {
         auto next_poll = clock::now() + std::chrono::milliseconds(1);
         shm_wait(ready, [&] {
@@ -77,8 +79,17 @@ private:
     }
     const std::uint64_t w = word.load(std::memory_order_acquire);
     if ((w >> shm_hash_bits) == e_ && (w & shm_hash_mask) != hash_) {
-      const fingerprint theirs = seg_.published(p);
+      // The peer sees the same mismatch at this step and publishes its call
+      // then (or did while waiting): give it up to 100 ms (within the
+      // deadline) so the error names both sides.
+      publish_once();
       const fingerprint& mine = S_.fp();
+      const auto until = std::min(S_.due(), clock::now() + std::chrono::milliseconds(100));
+      fingerprint theirs = seg_.published(p);
+      while (!(theirs.valid && theirs.seq == mine.seq && theirs.stream == mine.stream) && clock::now() < until) {
+        std::this_thread::yield();
+        theirs = seg_.published(p);
+      }
       const std::string what =
           theirs.valid && theirs.seq == mine.seq && !theirs.same_call(mine)
               ? mismatch_text(ctx_.rank, mine, p, theirs)
@@ -104,10 +115,16 @@ private:
   template <class Ready>
   void poll_unless_ready(int p, Ready& ready) {
     try {
-      comm_.shm_poll(p);
+      comm_.shm_poll(p, S_.tag_base());
     } catch (...) {
       if (!ready()) throw;
     }
+  }
+
+  void publish_once() noexcept {
+    if (published_) return;
+    seg_.publish(S_.fp());
+    published_ = true;
   }
 
   C& comm_;
@@ -117,6 +134,7 @@ private:
   std::uint64_t e_;
   std::uint64_t hash_;
   int spins_;
+  bool published_ = false;
 };
 
 /// Claims the transport's segment for one collective (one shm collective at a

@@ -93,12 +93,23 @@ public:
     for (int p = 0; p < size(); ++p) control(p).abort.store(1, std::memory_order_release);
   }
   /// Publishes fp as what this rank runs now (its own control line).
+  /// Threads of one rank may publish at once (a communication thread's wait
+  /// and the caller's): the version is taken from even to odd by
+  /// compare-exchange, so there is one writer at a time.
   void publish(const fingerprint& fp) const noexcept {
     auto& c = control(rank_);
     std::uint64_t w[shm_fp_words];
     fp.to_words(w);
-    const std::uint64_t v = c.fp_version.load(std::memory_order_relaxed);
-    c.fp_version.store(v + 1, std::memory_order_relaxed);
+    std::uint64_t v = c.fp_version.load(std::memory_order_relaxed);
+    for (;;) {
+      if ((v & 1u) == 0 && c.fp_version.compare_exchange_weak(v, v + 1, std::memory_order_acquire,
+                                                              std::memory_order_relaxed))
+        break;
+      if (v & 1u) {
+        std::this_thread::yield();
+        v = c.fp_version.load(std::memory_order_relaxed);
+      }
+    }
     std::atomic_thread_fence(std::memory_order_release);
     for (std::size_t i = 0; i < shm_fp_words; ++i) c.fp_words[i].store(w[i], std::memory_order_relaxed);
     c.fp_version.store(v + 2, std::memory_order_release);
