@@ -35,11 +35,13 @@
 #include <mpi.h>
 #endif
 
-namespace {
-
-using clk = std::chrono::steady_clock;
-
 // Forwards the transport concept's members only: not a checked_transport.
+// Outside the anonymous namespace on purpose: with internal linkage GCC
+// specializes the algorithm templates instantiated for it (IPA constant
+// propagation clones) that it leaves alone for dpkit::mpi's (weak)
+// instantiations, which made "off" faster for reasons that have nothing to
+// do with checking.
+namespace ccp {
 template <class C>
 struct unchecked {
   C* c;
@@ -50,6 +52,12 @@ struct unchecked {
   auto irecv(std::span<std::byte> b, int p, int t) { return c->irecv(b, p, t); }
   dpkit::detail::scratch_arena& scratch() { return c->scratch(); }
 };
+} // namespace ccp
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+using ccp::unchecked;
 
 template <class C>
 double ns_per_call(C& comm, long calls, int level) {

@@ -213,6 +213,42 @@ TEST_CASE("inproc: a rank that returns early makes its peers' waits throw peer_e
   }
 }
 
+TEST_CASE("inproc: a rank that calls in after a peer's failure gets peer_error naming it, then communicator_error") {
+  // The race the test above can lose under a slow sanitizer: rank 0 sees
+  // rank 2 gone and fails the world before rank 1 even starts its call.
+  std::string first, second;
+  dpkit::inproc_world world(3);
+  try {
+    world.run([&](dpkit::inproc& c) {
+      if (c.rank() == 2) return; // forgets the collective
+      if (c.rank() == 1) std::this_thread::sleep_for(300ms); // rank 0 failed the world by now
+      std::vector<float> v(1000, 1.0f);
+      try {
+        dpkit::allreduce_ring(c, v);
+      } catch (const dpkit::peer_error& e) {
+        if (c.rank() == 1) first = std::string("peer: ") + e.what();
+      } catch (const std::exception& e) {
+        if (c.rank() == 1) first = std::string("wrong type: ") + e.what();
+      }
+      if (c.rank() != 1) return;
+      try {
+        dpkit::allreduce_ring(c, v);
+      } catch (const dpkit::communicator_error& e) {
+        second = std::string("communicator: ") + e.what();
+      } catch (const std::exception& e) {
+        second = std::string("wrong type: ") + e.what();
+      }
+    });
+  } catch (const dpkit::error&) {
+  }
+  CAPTURE(first);
+  CAPTURE(second);
+  CHECK(contains(first, "peer: "));
+  CHECK(contains(first, "rank 2"));
+  CHECK(contains(second, "communicator: "));
+  CHECK(contains(second, "failed earlier"));
+}
+
 TEST_CASE("deadline: DPKIT_TIMEOUT is parsed as seconds; the default is 30 minutes") {
   using dpkit::detail::parse_timeout_seconds;
   CHECK(parse_timeout_seconds("30", dpkit::default_timeout) == 30000ms);

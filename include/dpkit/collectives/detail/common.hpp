@@ -283,7 +283,10 @@ private:
   }
   void report(const std::string& msg) {
     reported_ = true;
-    if constexpr (checked_transport<C>) comm_.report_failure(msg);
+    if constexpr (checked_transport<C>) {
+      comm_.report_failure(msg);
+      comm_.health().observed(); // this call throws it: later calls are reuse
+    }
   }
 
   C& comm_;

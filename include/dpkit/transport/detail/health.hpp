@@ -163,13 +163,23 @@ public:
     failed_.store(true, std::memory_order_release);
     return true;
   }
-  /// Throws communicator_error naming the first failure when failed.
-  void check(const char* op_name, int rank) const {
+  /// Throws when the transport failed: peer_error the first time this rank's
+  /// user hears of it (another rank's failure, recorded while this rank was
+  /// not in a collective: it only now calls in), communicator_error after
+  /// that (reuse after an error); both name the first failure.
+  void check(const char* op_name, int rank) {
     if (!failed()) return;
+    if (!observed_.exchange(true, std::memory_order_acq_rel))
+      throw peer_error(std::string(op_name) + ": rank " + std::to_string(rank) +
+                       ": a peer's collective failed before this call (first failure: " + failure() +
+                       "); the transport cannot be used; create a new transport on every rank (docs/reliability.md)");
     throw communicator_error(std::string(op_name) + ": rank " + std::to_string(rank) +
                              ": the transport failed earlier and cannot be used (first failure: " + failure() +
                              "); create a new transport on every rank (docs/reliability.md)");
   }
+  /// Records that a collective of this rank threw the failure to its user
+  /// (later check()s are reuse: communicator_error).
+  void observed() noexcept { observed_.store(true, std::memory_order_release); }
   /// Assigns the next sequence number of fp's stream to fp (and marks it
   /// valid) and records fp as this rank's current call.
   void begin(fingerprint& fp) {
@@ -227,6 +237,7 @@ private:
     std::atomic<bool>& f_;
   };
   std::atomic<bool> failed_{false};
+  std::atomic<bool> observed_{false};
   mutable std::atomic<bool> calls_{false};
   mutable std::mutex mu_; // first_
   std::string first_;
