@@ -19,6 +19,10 @@ if [ "${1:-}" = "--tsan" ]; then
   opts=(--buildtype=debug -Doptimization=1 -Db_sanitize=thread -Db_lundef=false
         -Dcuda=disabled -Dbenchmarks=disabled -Dexamples=disabled -Dtorch=disabled)
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
+  # world sizes up to 8 threads (3 for the real models in the fusion
+  # reducer test): every path and interleaving, without the 9-16-thread
+  # worlds that release and ASan run (tests/test_sizes.hpp)
+  export DPKIT_TEST_QUICK=1
   # inproc ranks are threads: every collective suite and the fusion reducer
   # (its communication thread); the MPI suites are left to ASan (Open MPI's
   # own shared-memory transport is not TSan-clean). collectives_large runs

@@ -6,6 +6,8 @@
 
 #include <dpkit/dpkit.hpp>
 
+#include "../test_sizes.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>

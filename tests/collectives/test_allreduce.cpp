@@ -5,7 +5,7 @@
 using namespace dpt;
 
 TEST_CASE_TEMPLATE("allreduce ring/tree/automatic: exact, bitwise identical on every rank", T, DPKIT_ELEMENT_TYPES) {
-  for (int n : world_sizes) {
+  for (int n : test_sizes::worlds(world_sizes)) {
     std::vector<config> cfgs;
     for (std::size_t count : counts_for(n))
       for (reduce_op op : all_ops)

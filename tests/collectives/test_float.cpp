@@ -39,7 +39,7 @@ T random_input(int rank, std::size_t i) {
 TEST_CASE_TEMPLATE("floating-point sum/avg: within (n-1)*u*sum|x| of the exact sum, identical on all ranks", T,
                    float, double, dpkit::f16, dpkit::bf16) {
   const double u = unit_roundoff<T>();
-  for (int n : {2, 3, 5, 8, 13, 16}) {
+  for (int n : test_sizes::worlds({2, 3, 5, 8, 13, 16})) {
     for (std::size_t count : {std::size_t{1}, static_cast<std::size_t>(2 * n + 1), std::size_t{10007}}) {
       for (reduce_op op : {reduce_op::sum, reduce_op::avg}) {
         for (kind k : {kind::ar_ring, kind::ar_tree, kind::ar_auto, kind::reduce_scatter, kind::reduce}) {

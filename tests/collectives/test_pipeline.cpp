@@ -40,7 +40,7 @@ std::vector<config> pipeline_configs(int n, std::size_t elem_size) {
 
 TEST_CASE_TEMPLATE("pipelining: segment sizes 4, 64, default x depths 1, 2, 4 for every algorithm", T,
                    DPKIT_ELEMENT_TYPES) {
-  for (int n : {1, 2, 3, 4, 7, 16}) {
+  for (int n : test_sizes::worlds({1, 2, 3, 4, 7, 16})) {
     CAPTURE(n);
     CHECK(run_and_check<T>(n, pipeline_configs(n, sizeof(T))) == 0);
   }

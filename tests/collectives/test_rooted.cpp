@@ -16,7 +16,7 @@ std::vector<int> roots_for(int n) {
 } // namespace
 
 TEST_CASE_TEMPLATE("broadcast_tree: root's buffer on every rank, several roots", T, DPKIT_ELEMENT_TYPES) {
-  for (int n : world_sizes) {
+  for (int n : test_sizes::worlds(world_sizes)) {
     std::vector<config> cfgs;
     for (int root : roots_for(n))
       for (std::size_t count : counts_for(n))
@@ -27,7 +27,7 @@ TEST_CASE_TEMPLATE("broadcast_tree: root's buffer on every rank, several roots",
 }
 
 TEST_CASE_TEMPLATE("reduce_tree: op over all ranks lands on root only, several roots", T, DPKIT_ELEMENT_TYPES) {
-  for (int n : world_sizes) {
+  for (int n : test_sizes::worlds(world_sizes)) {
     std::vector<config> cfgs;
     for (int root : roots_for(n))
       for (std::size_t count : counts_for(n, root == 0))
@@ -38,7 +38,7 @@ TEST_CASE_TEMPLATE("reduce_tree: op over all ranks lands on root only, several r
 }
 
 TEST_CASE("barrier: no rank leaves before every rank entered") {
-  for (int n : world_sizes) {
+  for (int n : test_sizes::worlds(world_sizes)) {
     CAPTURE(n);
     constexpr int rounds = 20;
     std::vector<std::atomic<int>> arrived(rounds);

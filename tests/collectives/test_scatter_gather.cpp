@@ -5,7 +5,7 @@
 using namespace dpt;
 
 TEST_CASE_TEMPLATE("reduce_scatter_ring: exact result chunk on every rank", T, DPKIT_ELEMENT_TYPES) {
-  for (int n : world_sizes) {
+  for (int n : test_sizes::worlds(world_sizes)) {
     std::vector<config> cfgs;
     // count is the per-rank output; the input is count x n.
     for (std::size_t count : counts_for(n, false))
@@ -18,7 +18,7 @@ TEST_CASE_TEMPLATE("reduce_scatter_ring: exact result chunk on every rank", T, D
 }
 
 TEST_CASE_TEMPLATE("allgather_ring: concatenation in rank order, bitwise identical", T, DPKIT_ELEMENT_TYPES) {
-  for (int n : world_sizes) {
+  for (int n : test_sizes::worlds(world_sizes)) {
     std::vector<config> cfgs;
     for (std::size_t count : counts_for(n, false))
       for (bool in_place : {false, true})

@@ -100,7 +100,7 @@ std::vector<outcome> run_world(dpkit::inproc_world& world, const std::function<v
 } // namespace
 
 TEST_CASE_TEMPLATE("shm all-reduce equals the sequential reference on every rank", T, DPKIT_ELEMENT_TYPES) {
-  for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
+  for (int n : test_sizes::worlds({1, 2, 3, 4, 5, 6, 7, 8, 9, 13})) {
     for (std::size_t shm_bytes : {std::size_t{256}, std::size_t{64} << 10}) {
       if (shm_bytes > 256 && n > 3) continue; // chunking is covered by the small buffers
       CAPTURE(n);
@@ -114,7 +114,7 @@ TEST_CASE_TEMPLATE("shm all-reduce equals the sequential reference on every rank
 
 TEST_CASE("shm all-reduce of float data is the rank-order sum, bitwise identical on every rank") {
   // Values of many magnitudes: a different summation order gives different bits.
-  for (int n : {2, 3, 4, 5, 7, 9}) {
+  for (int n : test_sizes::worlds({2, 3, 4, 5, 7, 9})) {
     for (auto k : {shm_kind::one_shot, shm_kind::two_shot}) {
       CAPTURE(n);
       CAPTURE(name(k));

@@ -3,6 +3,7 @@
 // local ready order, in-order launches, no_sync accumulation, rebuild agreement,
 // compression error bounds, finite flag and norm, and every error case.
 #include "fusion_test_util.hpp"
+#include "../test_sizes.hpp"
 
 #include <dpkit/transport/inproc.hpp>
 
@@ -49,7 +50,7 @@ struct failures {
 TEST_CASE("gradient_reducer equals per-tensor all-reduce on the real models, any ready order, world 1-5") {
   for (const std::string name : {"gpt2-124m", "bert-base-uncased", "llama-2-7b"}) {
     const auto spec = ft::scaled(dpkit::load_model_spec(ft::model_path(name)), 1000);
-    for (int world = 1; world <= 5; ++world) {
+    for (int world : test_sizes::worlds({1, 2, 3, 4, 5}, 3)) {
       CAPTURE(name);
       CAPTURE(world);
       failures f;
