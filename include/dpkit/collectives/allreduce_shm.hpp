@@ -26,6 +26,8 @@
 
 #include "detail/allreduce_shm.hpp"
 
+#include <optional>
+
 namespace dpkit {
 
 /// Messages up to this many bytes use the one-shot algorithm in
@@ -35,7 +37,7 @@ inline constexpr std::size_t shm_one_shot_max_bytes_default = 64u << 10;
 namespace detail {
 template <class C, tensor In, tensor Out>
 void allreduce_shm_entry(C& comm, const In& in, Out& out, reduce_op op, const collective_options& o, const char* name,
-                         int mode /* 0 one-shot, 1 two-shot, 2 by size */, std::size_t one_shot_max) {
+                         std::optional<shm_mode> mode /* nullopt: by size */, std::size_t one_shot_max) {
   using T = tensor_value_t<In>;
   const auto ctx = make_context(comm, name);
   const auto [ip, outp] = resolve_inout(comm, ctx, in, out, size_of(in));
@@ -43,9 +45,7 @@ void allreduce_shm_entry(C& comm, const In& in, Out& out, reduce_op op, const co
   if constexpr (shared_memory_transport<C>) {
     shm_segment& seg = shm_of(comm, ctx);
     const std::size_t bytes = size_of(in) * sizeof(T);
-    const shm_mode m = mode == 0 ? shm_mode::one_shot
-                       : mode == 1 ? shm_mode::two_shot
-                                   : (bytes <= one_shot_max || ctx.size <= 2 ? shm_mode::one_shot : shm_mode::two_shot);
+    const shm_mode m = mode ? *mode : bytes <= one_shot_max || ctx.size <= 2 ? shm_mode::one_shot : shm_mode::two_shot;
     allreduce_shm_raw<C, T>(comm, ctx, seg, ip, outp, size_of(in), op, o, m);
   } else {
     (void)ip, (void)outp, (void)op, (void)o, (void)mode, (void)one_shot_max;
@@ -75,13 +75,13 @@ void allreduce_shm_entry(C& comm, const In& in, Out& out, reduce_op op, const co
 template <transport C, tensor In, tensor Out>
 void allreduce_shm(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum, const collective_options& o = {},
                    std::size_t one_shot_max_bytes = shm_one_shot_max_bytes_default) {
-  detail::allreduce_shm_entry(comm, in, out, op, o, "allreduce_shm", 2, one_shot_max_bytes);
+  detail::allreduce_shm_entry(comm, in, out, op, o, "allreduce_shm", std::nullopt, one_shot_max_bytes);
 }
 /// In-place shared-memory all-reduce of tensor t (see the out-of-place overload).
 template <transport C, tensor Tn>
 void allreduce_shm(C& comm, Tn&& t, reduce_op op = reduce_op::sum, const collective_options& o = {},
                    std::size_t one_shot_max_bytes = shm_one_shot_max_bytes_default) {
-  detail::allreduce_shm_entry(comm, t, t, op, o, "allreduce_shm", 2, one_shot_max_bytes);
+  detail::allreduce_shm_entry(comm, t, t, op, o, "allreduce_shm", std::nullopt, one_shot_max_bytes);
 }
 
 /// allreduce_shm forced to the one-shot algorithm at every size (for
@@ -89,24 +89,24 @@ void allreduce_shm(C& comm, Tn&& t, reduce_op op = reduce_op::sum, const collect
 template <transport C, tensor In, tensor Out>
 void allreduce_shm_one_shot(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum,
                             const collective_options& o = {}) {
-  detail::allreduce_shm_entry(comm, in, out, op, o, "allreduce_shm_one_shot", 0, 0);
+  detail::allreduce_shm_entry(comm, in, out, op, o, "allreduce_shm_one_shot", detail::shm_mode::one_shot, 0);
 }
 /// In-place allreduce_shm_one_shot.
 template <transport C, tensor Tn>
 void allreduce_shm_one_shot(C& comm, Tn&& t, reduce_op op = reduce_op::sum, const collective_options& o = {}) {
-  detail::allreduce_shm_entry(comm, t, t, op, o, "allreduce_shm_one_shot", 0, 0);
+  detail::allreduce_shm_entry(comm, t, t, op, o, "allreduce_shm_one_shot", detail::shm_mode::one_shot, 0);
 }
 /// allreduce_shm forced to the two-shot algorithm at every size (for
 /// measurement and tests; same parameters and errors).
 template <transport C, tensor In, tensor Out>
 void allreduce_shm_two_shot(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum,
                             const collective_options& o = {}) {
-  detail::allreduce_shm_entry(comm, in, out, op, o, "allreduce_shm_two_shot", 1, 0);
+  detail::allreduce_shm_entry(comm, in, out, op, o, "allreduce_shm_two_shot", detail::shm_mode::two_shot, 0);
 }
 /// In-place allreduce_shm_two_shot.
 template <transport C, tensor Tn>
 void allreduce_shm_two_shot(C& comm, Tn&& t, reduce_op op = reduce_op::sum, const collective_options& o = {}) {
-  detail::allreduce_shm_entry(comm, t, t, op, o, "allreduce_shm_two_shot", 1, 0);
+  detail::allreduce_shm_entry(comm, t, t, op, o, "allreduce_shm_two_shot", detail::shm_mode::two_shot, 0);
 }
 
 } // namespace dpkit

@@ -17,7 +17,6 @@
 #include <cstring>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -70,37 +69,6 @@ struct fingerprint {
                             static_cast<std::uint64_t>(op) << 16;
     const std::uint64_t h = mix(mix(mix(count ^ 0x9e3779b97f4a7c15ull) ^ w) ^ (k + a * 0x100000001b3ull));
     return static_cast<std::uint32_t>(h ^ (h >> 32));
-  }
-  /// The fingerprint as five 64-bit words (and back): what the shared
-  /// segment's seqlock stores. Packed field by field in registers, not
-  /// memcpy'd: a wide load of a struct whose fields were just stored one by
-  /// one stalls on store forwarding, which cost more than the rest of a
-  /// collective's checking.
-  static constexpr std::size_t words = 5;
-  void to_words(std::uint64_t (&w)[words]) const noexcept {
-    std::uint64_t a = 0;
-    for (std::size_t i = 0; i < sizeof algo; ++i)
-      a |= static_cast<std::uint64_t>(static_cast<unsigned char>(algo[i])) << (8 * i);
-    w[0] = seq;
-    w[1] = count;
-    w[2] = static_cast<std::uint64_t>(static_cast<std::uint32_t>(root)) |
-           static_cast<std::uint64_t>(static_cast<std::uint32_t>(stream)) << 32;
-    w[3] = static_cast<std::uint64_t>(kind) | static_cast<std::uint64_t>(type) << 8 |
-           static_cast<std::uint64_t>(op) << 16 | static_cast<std::uint64_t>(valid) << 24;
-    w[4] = a;
-  }
-  static fingerprint from_words(const std::uint64_t (&w)[words]) noexcept {
-    fingerprint f;
-    f.seq = w[0];
-    f.count = w[1];
-    f.root = static_cast<std::int32_t>(static_cast<std::uint32_t>(w[2]));
-    f.stream = static_cast<std::int32_t>(static_cast<std::uint32_t>(w[2] >> 32));
-    f.kind = static_cast<std::uint8_t>(w[3]);
-    f.type = static_cast<std::uint8_t>(w[3] >> 8);
-    f.op = static_cast<std::uint8_t>(w[3] >> 16);
-    f.valid = static_cast<std::uint8_t>(w[3] >> 24);
-    for (std::size_t i = 0; i < sizeof f.algo; ++i) f.algo[i] = static_cast<char>(static_cast<unsigned char>(w[4] >> (8 * i)));
-    return f;
   }
   bool same_call(const fingerprint& o) const noexcept {
     return count == o.count && root == o.root && stream == o.stream && kind == o.kind && type == o.type &&
@@ -183,21 +151,11 @@ public:
   /// Assigns the next sequence number of fp's stream to fp (and marks it
   /// valid) and records fp as this rank's current call.
   void begin(fingerprint& fp) {
-    spin_guard lk(calls_);
+    std::lock_guard lk(mu_);
     std::uint64_t* s = nullptr;
-    if (last_stream_ < seqs_.size() && seqs_[last_stream_].first == fp.stream) {
-      s = &seqs_[last_stream_].second;
-    } else {
-      for (std::size_t i = 0; i < seqs_.size(); ++i)
-        if (seqs_[i].first == fp.stream) {
-          s = &seqs_[i].second;
-          last_stream_ = i;
-        }
-      if (!s) {
-        last_stream_ = seqs_.size();
-        s = &seqs_.emplace_back(fp.stream, 0).second;
-      }
-    }
+    for (auto& [k, v] : seqs_)
+      if (k == fp.stream) s = &v;
+    if (!s) s = &seqs_.emplace_back(fp.stream, 0).second;
     fp.seq = (*s)++;
     fp.valid = 1;
     last_ = static_cast<std::uint32_t>(fp.seq % history_.size());
@@ -206,42 +164,24 @@ public:
   /// What this rank ran at sequence number `seq` of `stream` (the last few
   /// calls are kept), or an invalid fingerprint.
   fingerprint at(std::uint64_t seq, int stream) const {
-    spin_guard lk(calls_);
+    std::lock_guard lk(mu_);
     const fingerprint& f = history_[seq % history_.size()];
     if (f.valid && f.seq == seq && f.stream == stream) return f;
     return {};
   }
   /// The fingerprint of the collective this rank runs (or ran last).
   fingerprint current() const {
-    spin_guard lk(calls_);
+    std::lock_guard lk(mu_);
     return history_[last_];
   }
   /// Whether messages carry checked tags (set by the transport).
   bool tags_enabled = true;
 
 private:
-  // The per-call state (sequence numbers, current call, history) is guarded
-  // by a spin lock, not the mutex: begin() runs on every collective and is
-  // held for a few stores (an uncontended std::mutex costs two atomic
-  // read-modify-writes and a call into libpthread; this costs one exchange
-  // and one store), and the other users (a peer's diagnosis, a fault notice)
-  // are rare and as short.
-  struct spin_guard {
-    explicit spin_guard(std::atomic<bool>& f) noexcept : f_(f) {
-      while (f_.exchange(true, std::memory_order_acquire))
-        while (f_.load(std::memory_order_relaxed)) std::this_thread::yield();
-    }
-    ~spin_guard() { f_.store(false, std::memory_order_release); }
-    spin_guard(const spin_guard&) = delete;
-    spin_guard& operator=(const spin_guard&) = delete;
-    std::atomic<bool>& f_;
-  };
   std::atomic<bool> failed_{false};
   std::atomic<bool> observed_{false};
-  mutable std::atomic<bool> calls_{false};
-  mutable std::mutex mu_; // first_
+  mutable std::mutex mu_;
   std::string first_;
-  std::size_t last_stream_ = 0;
   std::uint32_t last_ = 0; // history_[last_]: the current (or last) call
   std::array<fingerprint, 8> history_{};
   std::vector<std::pair<int, std::uint64_t>> seqs_;

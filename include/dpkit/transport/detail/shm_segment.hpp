@@ -34,7 +34,7 @@ namespace dpkit::detail {
 /// the rank runs now (any algorithm), under the seqlock `fp_version` (odd
 /// while being written), so a rank waiting in a shm collective can name what
 /// a peer runs instead and detect a mismatch.
-inline constexpr std::size_t shm_fp_words = fingerprint::words;
+inline constexpr std::size_t shm_fp_words = (sizeof(fingerprint) + 7) / 8;
 struct alignas(64) shm_control {
   std::atomic<std::uint64_t> step{0};
   char pad0[56];
@@ -98,8 +98,8 @@ public:
   /// compare-exchange, so there is one writer at a time.
   void publish(const fingerprint& fp) const noexcept {
     auto& c = control(rank_);
-    std::uint64_t w[shm_fp_words];
-    fp.to_words(w);
+    std::uint64_t w[shm_fp_words] = {};
+    std::memcpy(w, &fp, sizeof fp);
     std::uint64_t v = c.fp_version.load(std::memory_order_relaxed);
     for (;;) {
       if ((v & 1u) == 0 && c.fp_version.compare_exchange_weak(v, v + 1, std::memory_order_acquire,
@@ -123,7 +123,9 @@ public:
     for (std::size_t i = 0; i < shm_fp_words; ++i) w[i] = c.fp_words[i].load(std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (c.fp_version.load(std::memory_order_relaxed) != v1) return {};
-    return fingerprint::from_words(w);
+    fingerprint f;
+    std::memcpy(&f, w, sizeof f);
+    return f;
   }
   /// True once some rank set this rank's abort word.
   bool aborted() const noexcept { return control(rank_).abort.load(std::memory_order_acquire) != 0; }
