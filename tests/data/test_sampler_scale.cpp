@@ -413,5 +413,22 @@ TEST_CASE("feistel: fill equals lookups; bijective around the domain edges") {
   std::vector<std::uint64_t> part(1000);
   big.fill((std::uint64_t{1} << 32) - 500, part);
   for (std::uint64_t j = 0; j < part.size(); ++j) REQUIRE(part[j] == big[(std::uint64_t{1} << 32) - 500 + j]);
+  // the 8-lane fill (AVX-512 CPUs) against lookups: starts not a multiple of
+  // 8, lengths with a scalar tail, the seed's scale, and n near 2^64 (widest
+  // halves: B = 2^32)
+  for (const std::uint64_t n : {std::uint64_t{200000000}, std::uint64_t{1} << 40, ~std::uint64_t{0} - 12345, (std::uint64_t{1} << 63) + 1}) {
+    for (const unsigned rounds : {4u, 3u}) {
+      dpkit::feistel f(rounds);
+      f.reset(n, 42);
+      for (const std::uint64_t first : {std::uint64_t{0}, std::uint64_t{3}, n / 2 + 5, n - 1003}) {
+        std::vector<std::uint64_t> got(1003);
+        f.fill(first, got);
+        for (std::uint64_t j = 0; j < got.size(); ++j) {
+          REQUIRE(got[j] == f[first + j]);
+          REQUIRE(got[j] < n);
+        }
+      }
+    }
+  }
   CHECK(dpkit::feistel::version == 2);
 }
