@@ -98,7 +98,7 @@ struct token_budget_options {
   /// offset o on W ranks resumes on any W' with set_epoch(epoch, o).
   bool elastic = false;
   /// Threads that build the plan (count batches per buffer); 0 = all hardware
-  /// threads (std::thread::hardware_concurrency()), at most 16. Each uses 24 MiB
+  /// threads (std::thread::hardware_concurrency()), at most 16. Each uses 1.5 MiB
   /// of scratch while planning. The plan does not depend on it.
   unsigned threads = 0;
 };
@@ -162,16 +162,20 @@ struct batch_packer {
 inline constexpr std::uint64_t counting_sort_max_key = std::uint64_t{1} << 16;
 
 /// Samples per block of the plan's gather (bounded: the plan's memory does not
-/// grow with N): 24 bytes each, so 24 MiB per plan thread.
-inline constexpr std::uint64_t block_samples = std::uint64_t{1} << 20;
+/// grow with N): 24 bytes each, so 1.5 MiB per plan thread, which stays in the
+/// core's L2 cache. Measured on 2e8 samples (docs/data.md, "At scale"): blocks
+/// of 2^20 (24 MiB per thread, more than the L3 with two threads) planned in
+/// 2.4-2.9 s on 2 threads, 2^15-2^17 in 1.6-1.8 s.
+inline constexpr std::uint64_t block_samples = std::uint64_t{1} << 16;
 
 /// Plan threads when token_budget_options::threads is 0: all hardware threads,
 /// at most this many (the plan is memory-bound; more threads add scratch, not speed).
 inline constexpr unsigned max_default_plan_threads = 16;
 
 /// The plan's gather sorts a block's indices into 2^gather_bucket_bits buckets
-/// by their top bits before reading their lengths.
-inline constexpr unsigned gather_bucket_bits = 12;
+/// by their top bits before reading their lengths (with 2^8 to 2^10 buckets
+/// the scatter's write streams stay in L1/L2; 2^12 was slower).
+inline constexpr unsigned gather_bucket_bits = 9;
 
 } // namespace detail
 
@@ -397,7 +401,7 @@ private:
   static gather_fn range_gather(const R& lengths) {
     return [it = std::ranges::begin(lengths)](std::span<const std::uint64_t> keys, unsigned shift, std::span<std::uint64_t> out) {
       using diff = std::ranges::range_difference_t<R>;
-      constexpr std::size_t ahead = 16;
+      constexpr std::size_t ahead = 32;
       const std::uint64_t mask = (std::uint64_t{1} << shift) - 1;
       for (std::size_t k = 0; k < keys.size(); ++k) {
         if constexpr (std::contiguous_iterator<decltype(it)>)
