@@ -11,7 +11,7 @@
 // step of the rank) and bytes per line.
 //
 //   scale_perf [-n 2e8] [-t 1] [--dir /tmp] [--batches 4000] [--world 1] [--rank 0]
-//              [--max-tokens 4096] [--plan-threads 0] [--torch-plan] [--keep-index]
+//              [--max-tokens 4096] [--plan-threads 0] [--mapped-reads] [--torch-plan] [--keep-index]
 #include <dpkit/data.hpp>
 #include <dpkit/data/jsonl_length_column.hpp>
 
@@ -202,6 +202,7 @@ int main(int argc, char** argv) {
   std::string dir = "/tmp";
   std::uint64_t batches = 4000, world = 1, rank = 0, max_tokens = 4096;
   unsigned plan_threads = 0;
+  bool mapped_reads = false;
   bool torch_plan = false, keep_index = false, reuse_index = false;
   app.add_option("-n,--lines", n_d, "lines of the generated JSONL (e.g. 2e8, 2e6)")->default_val(2e8);
   app.add_option("-t,--threads", threads, "index build threads")->default_val(1);
@@ -211,6 +212,7 @@ int main(int argc, char** argv) {
   app.add_option("--rank", rank, "rank measured")->default_val(0);
   app.add_option("--max-tokens", max_tokens, "token budget per batch")->default_val(4096);
   app.add_option("--plan-threads", plan_threads, "sampler plan threads (0 = all cores)")->default_val(0);
+  app.add_flag("--mapped-reads", mapped_reads, "read the batches' lines through the mapping (operator[]) instead of read_line (pread)");
   app.add_flag("--torch-plan", torch_plan, "also plan with sample_shuffle::torch_randperm (the seed's order)");
   app.add_flag("--keep-index", keep_index, "keep the index file afterwards");
   app.add_flag("--reuse-index", reuse_index, "do not rebuild an existing index (kept by --keep-index); implies --keep-index");
@@ -323,9 +325,16 @@ int main(int argc, char** argv) {
         const auto t2 = clock_type::now();
         const double c2 = cpu_seconds();
         std::uint64_t lines = 0, sink = 0;
+        std::string buf;
         for (std::uint64_t k = 0; k < batches && s.num_batches() > 0; ++k) {
           for (const std::uint64_t i : s.batch(rng() % s.num_batches())) {
-            const std::string_view line = idx[i];
+            std::string_view line;
+            if (mapped_reads) {
+              line = idx[i];
+            } else {
+              idx.read_line(i, buf);
+              line = buf;
+            }
             sink += static_cast<unsigned char>(line[line.size() / 2]);
             ++lines;
           }
@@ -350,7 +359,7 @@ int main(int argc, char** argv) {
     row("rank: plan epoch (feistel order)", rk.r.value[2], rk.r.value[7], plan_ratio(rk), rk.r.value[3],
         fmt("%.2f B/line peak", rk.r.value[3] * 1048576.0 / static_cast<double>(n)) +
             fmt("; after: RssAnon %.0f MiB", rk.r.value[8]) + fmt(", RssFile %.0f MiB (mapped index)", rk.r.value[9]));
-    row(("rank: read " + std::to_string(batches) + " random batches").c_str(), rk.r.value[4], rk.r.value[10], "", rk.peak_mib,
+    row(("rank: read " + std::to_string(batches) + " random batches" + (mapped_reads ? " (mapped)" : " (pread)")).c_str(), rk.r.value[4], rk.r.value[10], "", rk.peak_mib,
         fmt("%.1f us/batch", rk.r.value[4] / static_cast<double>(std::max<std::uint64_t>(batches, 1)) * 1e6) +
             fmt(", %.0f lines", rk.r.value[5]) + fmt("; after: RssAnon %.0f MiB", rk.r.value[11]));
     row("rank: whole run", rk.r.seconds, rk.cpu, "", rk.peak_mib,

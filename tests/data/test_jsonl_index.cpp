@@ -436,3 +436,91 @@ TEST_CASE("jsonl_dataset: shards with global line numbers") {
   CHECK(ds.locate(2).line == 0);
   CHECK_THROWS_AS((void)ds[5], dpkit::invalid_argument);
 }
+
+TEST_CASE("jsonl_index: offsets and columns longer than the build's spill buffers (1-3 threads), read_line") {
+  // 700k lines: each range's offsets, source lines and values pass through
+  // several 1 MiB spill buffers and temporary files. Reference: the line
+  // starts found by a plain loop over the bytes.
+  std::string content;
+  std::vector<std::uint64_t> starts, kept_lines;
+  std::vector<std::uint32_t> values;
+  std::uint64_t line = 0;
+  for (std::uint32_t i = 0; i < 700000; ++i, ++line) {
+    if (i % 7 == 3) {
+      content += i % 2 ? "\n" : "  \r\n"; // blank lines (skipped)
+      continue;
+    }
+    starts.push_back(content.size());
+    kept_lines.push_back(line);
+    values.push_back(i * 13 % 1000);
+    content += "{\"n\":" + std::to_string(values.back()) + "}" + (i % 5 == 0 ? "\r\n" : "\n");
+  }
+  content += "{\"n\":9}"; // no trailing newline
+  starts.push_back(content.size() - 7);
+  kept_lines.push_back(line);
+  values.push_back(9);
+  const fs::path src = tmp_dir() / "spill.jsonl";
+  data_test::write_file(src, content);
+  for (unsigned threads : {1u, 2u, 3u}) {
+    CAPTURE(threads);
+    dpkit::jsonl_index_build_options o;
+    o.threads = threads;
+    o.blank_lines = dpkit::blank_line_policy::skip;
+    o.length_column = dpkit::json_length_column("n");
+    const auto res = dpkit::build_jsonl_index(src, o);
+    REQUIRE(res.lines == starts.size());
+    CHECK(res.source_lines == line + 1);
+    const auto idx = dpkit::jsonl_index::open(src);
+    REQUIRE(idx.size() == starts.size());
+    std::string buf;
+    for (std::uint64_t k = 0; k < idx.size(); ++k) {
+      REQUIRE(idx.offset(k) == starts[k]);
+      REQUIRE(idx.source_line(k) == kept_lines[k]);
+      REQUIRE(idx.lengths()[k] == values[k]);
+      if (k % 997 == 0 || k + 1 == idx.size()) {
+        idx.read_line(k, buf);
+        REQUIRE(buf == idx[k]);
+        REQUIRE(buf == "{\"n\":" + std::to_string(values[k]) + "}");
+      }
+    }
+    CHECK_NOTHROW(dpkit::verify_jsonl_index(src));
+    // without blank-line skipping and the column: the plain scan's spills
+    dpkit::jsonl_index_build_options plain;
+    plain.threads = threads;
+    const auto r2 = dpkit::build_jsonl_index(src, plain);
+    CHECK(r2.lines == line + 1);
+    const auto idx2 = dpkit::jsonl_index::open(src);
+    std::uint64_t expect = 0, k = 0;
+    for (std::uint64_t b = 0; b <= content.size(); ++b) {
+      if (b == content.size() || content[b] == '\n') {
+        REQUIRE(idx2.offset(k) == expect);
+        ++k;
+        expect = b + 1;
+      }
+    }
+    CHECK(k == idx2.size());
+    idx2.read_line(3, buf); // line 3 is empty
+    CHECK(buf.empty());
+    idx2.read_line(10, buf); // line 10 is "  \r\n"
+    CHECK(buf == "  ");
+    CHECK(idx2[10] == "  ");
+    idx2.read_line(idx2.size() - 1, buf);
+    CHECK(buf == "{\"n\":9}");
+    CHECK_THROWS_AS(idx2.read_line(idx2.size(), buf), dpkit::invalid_argument);
+  }
+}
+
+TEST_CASE("jsonl_index::read_line: a replaced source is refused, not read") {
+  const fs::path src = tmp_dir() / "read-line-replaced.jsonl";
+  data_test::write_file(src, "{\"a\":1}\n{\"a\":2}\n");
+  dpkit::build_jsonl_index(src);
+  const auto idx = dpkit::jsonl_index::open(src);
+  // replaced by another file of the same size after open: the mapping still
+  // has the old bytes, the path names new ones
+  const fs::path other = tmp_dir() / "read-line-other.jsonl";
+  data_test::write_file(other, "{\"b\":3}\n{\"b\":4}\n");
+  fs::rename(other, src);
+  std::string buf;
+  CHECK_THROWS_AS(idx.read_line(0, buf), dpkit::stale_index_error);
+  CHECK(idx[0] == "{\"a\":1}"); // the mapping is the file opened
+}

@@ -90,15 +90,127 @@ struct jsonl_index_build_result {
 
 namespace detail {
 
-/// Output of one build worker (one contiguous, chunk-aligned byte range).
+/// Bytes a build stream buffers before writing them out (spill_file::append).
+inline constexpr std::size_t spill_buffer_bytes = std::size_t{1} << 20;
+
+/// Creates an unnamed temporary file in `dir` (O_TMPFILE; where the file system
+/// has none, a named one unlinked at once), so it disappears with its
+/// descriptor whatever happens to the process.
+/// @throws dpkit::error naming the directory and errno.
+inline fd_guard unnamed_temp_file(const std::filesystem::path& dir) {
+#ifdef O_TMPFILE
+  fd_guard fd(::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+  if (fd.get() >= 0) return fd;
+#endif
+  std::random_device rd;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    char name[64];
+    std::snprintf(name, sizeof name, ".dpkit-spill.%ld.%08x", static_cast<long>(::getpid()), static_cast<unsigned>(rd()));
+    const std::filesystem::path p = dir / name;
+    fd_guard f(::open(p.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (f.get() >= 0) {
+      ::unlink(p.c_str());
+      return f;
+    }
+    if (errno != EEXIST) break;
+  }
+  throw error(errno_message("build_jsonl_index: cannot create a temporary file in", dir, errno));
+}
+
+/// An append-only byte stream written with pwrite(2) at increasing positions of
+/// a file (its own unnamed temporary file, or the index being written, from a
+/// given position), through a spill_buffer_bytes buffer, optionally hashed in
+/// order as it is written. Keeps a build's memory bounded whatever the number
+/// of lines: the offsets and columns go to disk (the page cache) as they are
+/// produced instead of being held in memory until the end.
+class spill_file {
+public:
+  spill_file() = default;
+  /// A stream in a new unnamed temporary file in `dir`.
+  explicit spill_file(const std::filesystem::path& dir) : own_(unnamed_temp_file(dir)), fd_(own_.get()), path_(dir) {}
+  /// A stream into `fd` (not owned) from byte `pos`, hashed into `hash` if not null.
+  spill_file(int fd, std::uint64_t pos, const std::filesystem::path& path, hash_stream* hash)
+      : fd_(fd), start_(pos), path_(path), hash_(hash) {}
+
+  [[nodiscard]] bool open() const noexcept { return fd_ >= 0; }
+  /// Bytes appended so far.
+  [[nodiscard]] std::uint64_t bytes() const noexcept { return written_ + buf_.size(); }
+
+  /// Appends n bytes. @throws dpkit::error on a write error (errno text).
+  void append(const void* p, std::size_t n) {
+    if (buf_.capacity() < spill_buffer_bytes) buf_.reserve(spill_buffer_bytes);
+    if (buf_.size() + n > spill_buffer_bytes) flush();
+    if (n >= spill_buffer_bytes) {
+      put(p, n);
+      return;
+    }
+    const auto* c = static_cast<const char*>(p);
+    buf_.insert(buf_.end(), c, c + n);
+  }
+
+  /// Writes the buffer out. @throws dpkit::error on a write error.
+  void flush() {
+    if (buf_.empty()) return;
+    put(buf_.data(), buf_.size());
+    buf_.clear();
+  }
+
+  /// Calls f(const char* data, std::size_t n) on the stream's bytes in order,
+  /// read back in spill_buffer_bytes pieces (after flush()).
+  /// @throws dpkit::error on a read error or a short file.
+  template <class F>
+  void read_back(F&& f) const {
+    std::vector<char> piece(spill_buffer_bytes);
+    for (std::uint64_t at = 0; at < written_;) {
+      const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(piece.size(), written_ - at));
+      const ssize_t r = ::pread(fd_, piece.data(), want, static_cast<off_t>(start_ + at));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) throw error(errno_message("build_jsonl_index: cannot read back a temporary file in", path_, r < 0 ? errno : EIO));
+      f(static_cast<const char*>(piece.data()), static_cast<std::size_t>(r));
+      at += static_cast<std::uint64_t>(r);
+    }
+  }
+
+private:
+  void put(const void* p, std::size_t n) {
+    if (hash_) hash_->update(p, n);
+    const auto* c = static_cast<const char*>(p);
+    while (n > 0) {
+      const ssize_t w = ::pwrite(fd_, c, std::min<std::size_t>(n, std::size_t{1} << 30), static_cast<off_t>(start_ + written_));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) throw error(errno_message("build_jsonl_index: cannot write", path_, errno));
+      c += w;
+      n -= static_cast<std::size_t>(w);
+      written_ += static_cast<std::uint64_t>(w);
+    }
+  }
+
+  fd_guard own_{-1};
+  int fd_ = -1;
+  std::uint64_t start_ = 0, written_ = 0;
+  std::filesystem::path path_;
+  hash_stream* hash_ = nullptr;
+  std::vector<char> buf_;
+};
+
+/// Output of one build worker (one contiguous, chunk-aligned byte range):
+/// streams of its kept lines' offsets (u64), source line numbers (u64, skip
+/// mode; local to the range) and length-column values (u32).
 struct build_part {
-  u64_buffer starts;                       // byte offset of each kept line
-  std::vector<std::uint64_t> source_lines; // local source line number of each kept line (skip mode)
-  std::vector<std::uint32_t> values;       // length column
-  std::uint64_t source_line_count = 0;     // lines starting in this range
+  spill_file starts, source_lines, values;
+  u64_buffer staged;                   // offsets not yet appended to `starts`
+  std::uint64_t lines = 0;             // kept lines starting in this range
+  std::uint64_t source_line_count = 0; // lines starting in this range
   bool failed = false;
   std::uint64_t error_line = 0; // local source line number of the rejected line
   std::string error_message;
+
+  /// Moves the staged offsets to `starts` (when at least `min` are staged).
+  void spill(std::size_t min = 0) {
+    if (staged.size() < std::max<std::size_t>(min, 1)) return;
+    starts.append(staged.data(), staged.size() * 8);
+    staged.clear();
+  }
 };
 
 /// Shared state of one build.
@@ -118,6 +230,10 @@ inline bool stop_now(build_shared& shared, const std::stop_token& stop, unsigned
 /// small enough to stay in L2 between the newline scan and the content hash.
 inline constexpr std::uint64_t build_step_bytes = std::uint64_t{64} << 10;
 static_assert(content_chunk_bytes % build_step_bytes == 0 && build_step_bytes % 64 == 0);
+
+/// A build thread drops the source pages it has scanned from its resident set
+/// (mapped_file::release) every this many bytes.
+inline constexpr std::uint64_t release_behind_bytes = std::uint64_t{8} << 20;
 
 /// Content hash of the chunks of [begin, end) (chunk-aligned begin), fed in
 /// steps while the range is scanned, so the source is read once.
@@ -156,9 +272,20 @@ private:
 /// Scans the lines that start in [begin, end) of `data` (size `size`) and
 /// hashes the content chunks of [begin, end) into `chunk_hashes`. `begin` is a
 /// multiple of content_chunk_bytes.
-inline void build_range(const char* data, std::uint64_t size, std::uint64_t begin, std::uint64_t end, unsigned worker,
+inline void build_range(const mapped_file& src, std::uint64_t begin, std::uint64_t end, unsigned worker,
                         const jsonl_index_build_options& opt, build_shared& shared, build_part& out,
                         std::uint64_t* chunk_hashes, const std::function<void()>& report) {
+  const char* data = src.data();
+  const std::uint64_t size = src.size();
+  // the source pages already scanned leave the resident set every
+  // release_behind_bytes (they stay in the page cache): the build's RSS is its
+  // offsets, not the source
+  std::uint64_t released = begin;
+  const auto release_behind = [&](std::uint64_t now) {
+    if (now - released < release_behind_bytes) return;
+    src.release(static_cast<std::size_t>(released), static_cast<std::size_t>(now - released));
+    released = now;
+  };
   const bool skip = opt.blank_lines == blank_line_policy::skip;
   line_value_extractor extract;
   if (opt.length_column) extract = opt.length_column->make_extractor();
@@ -177,16 +304,23 @@ inline void build_range(const char* data, std::uint64_t size, std::uint64_t begi
     // plain offsets: a vectorized newline scan over each step, then the content
     // hash of the same (cache-hot) step. A line starts at 0 and after each '\n'
     // at i with i + 1 in [begin, end), i.e. for newlines in [begin - 1, end - 1).
-    if (begin == 0 && end > 0) out.starts.push_back(0);
+    if (begin == 0 && end > 0) out.staged.push_back(0);
     for (std::uint64_t x = begin; x < end;) {
       const std::uint64_t y = std::min(end, x + build_step_bytes);
       const std::uint64_t lo = x == 0 ? 0 : x - 1;
-      newline_starts(data + lo, static_cast<std::size_t>(y - 1 - lo), lo, out.starts);
+      const std::size_t before = out.staged.size();
+      newline_starts(data + lo, static_cast<std::size_t>(y - 1 - lo), lo, out.staged);
+      out.lines += out.staged.size() - before;
+      out.spill(spill_buffer_bytes / 8);
       hasher.advance(y);
       x = y;
+      release_behind(x);
       if (progress(x)) return;
     }
-    out.source_line_count = out.starts.size();
+    out.lines += begin == 0 && end > 0 ? 1 : 0;
+    out.spill();
+    out.starts.flush();
+    out.source_line_count = out.lines;
     return;
   }
   std::uint64_t s = begin;
@@ -199,13 +333,16 @@ inline void build_range(const char* data, std::uint64_t size, std::uint64_t begi
     const std::uint64_t e = p ? static_cast<std::uint64_t>(static_cast<const char*>(p) - data) : size;
     const std::uint64_t local = out.source_line_count++;
     if (!(skip && is_blank(data + s, e - s))) {
-      out.starts.push_back(s);
-      if (skip) out.source_lines.push_back(local);
+      out.staged.push_back(s);
+      ++out.lines;
+      out.spill(spill_buffer_bytes / 8);
+      if (skip) out.source_lines.append(&local, 8);
       if (extract) {
         std::string_view line(data + s, e - s);
         if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
         try {
-          out.values.push_back(extract(line));
+          const std::uint32_t v = extract(line);
+          out.values.append(&v, 4);
         } catch (const std::exception& ex) {
           out.failed = true;
           out.error_line = local;
@@ -220,11 +357,16 @@ inline void build_range(const char* data, std::uint64_t size, std::uint64_t begi
     s = e + 1;
     if (s - reported >= interval || s >= end) {
       hasher.advance(std::min(s, end) / 64 * 64);
+      release_behind(std::min(s, end) / 64 * 64);
       if (progress(std::min(s, end))) return;
     }
   }
   hasher.advance(end);
   if (reported < end) shared.bytes_done.fetch_add(end - reported, std::memory_order_relaxed);
+  out.spill();
+  out.starts.flush();
+  out.source_lines.flush();
+  out.values.flush();
 }
 
 /// Refuses an index path that exists and is not a regular file (a device, FIFO,
@@ -341,8 +483,12 @@ private:
 /// over `options.threads` threads: a vectorized newline scan (AVX-512BW / AVX2
 /// where the CPU has them, memchr otherwise; memchr per line with blank-line
 /// skipping or a length column) and, in the same pass, the content hash of the
-/// source (docs/jsonl-index-format.md). Per-range offsets are concatenated in
-/// order. The index is written to an unnamed temporary file (O_TMPFILE) in the
+/// source (docs/jsonl-index-format.md). Memory is O(threads), not O(lines):
+/// range 0's offsets are written into the index as they are found, the other
+/// ranges' offsets and the columns into unnamed temporary files in the index's
+/// directory (up to the index's size again on disk while building), appended
+/// in order at the end; scanned source pages leave the resident set every
+/// 8 MiB. The index is written to an unnamed temporary file (O_TMPFILE) in the
 /// target's directory, fsync'ed, linked and renamed over `index_path` (then the
 /// directory is fsync'ed), so readers never see a partial index and a killed
 /// build leaves nothing behind.
@@ -373,8 +519,23 @@ inline jsonl_index_build_result build_jsonl_index(const std::filesystem::path& s
   threads = static_cast<unsigned>(std::clamp<std::uint64_t>(chunks, 1, threads));
   const auto range_begin = [&](unsigned t) { return std::min(size, chunks * t / threads * dd::content_chunk_bytes); };
 
+  const bool skip = options.blank_lines == blank_line_policy::skip;
+  const std::size_t ncols = (skip ? 1 : 0) + (options.length_column ? 1 : 0);
+  const auto header_bytes = static_cast<std::uint32_t>(dd::index_fixed_header_bytes + ncols * dd::index_column_descriptor_bytes);
+
+  // the index is written while the source is scanned: range 0's offsets go
+  // straight into it (hashed as they go), the other ranges' offsets and the
+  // columns into unnamed temporary files beside it, appended at the end
+  dd::index_temp_file tmp(index_path);
+  dd::hash_stream body(dd::body_checksum_seed);
+  const std::filesystem::path dir = index_path.parent_path().empty() ? std::filesystem::path(".") : index_path.parent_path();
   dd::build_shared shared;
   std::vector<dd::build_part> parts(threads);
+  for (unsigned t = 0; t < threads; ++t) {
+    parts[t].starts = t == 0 ? dd::spill_file(tmp.fd(), header_bytes, tmp.name(), &body) : dd::spill_file(dir);
+    if (skip) parts[t].source_lines = dd::spill_file(dir);
+    if (options.length_column) parts[t].values = dd::spill_file(dir);
+  }
   std::vector<std::uint64_t> chunk_hashes(chunks);
   std::uint64_t last_done = ~std::uint64_t{0};
   const auto report = [&]() {
@@ -390,10 +551,10 @@ inline jsonl_index_build_result build_jsonl_index(const std::filesystem::path& s
     workers.reserve(threads - 1);
     for (unsigned t = 1; t < threads; ++t)
       workers.emplace_back([&, t] {
-        dd::build_range(src.data(), size, range_begin(t), range_begin(t + 1), t, options, shared, parts[t], chunk_hashes.data(), {});
+        dd::build_range(src, range_begin(t), range_begin(t + 1), t, options, shared, parts[t], chunk_hashes.data(), {});
         shared.finished.fetch_add(1);
       });
-    dd::build_range(src.data(), size, 0, range_begin(1), 0, options, shared, parts[0], chunk_hashes.data(), report_fn);
+    dd::build_range(src, 0, range_begin(1), 0, options, shared, parts[0], chunk_hashes.data(), report_fn);
     while (shared.finished.load() < threads - 1) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
       report();
@@ -409,12 +570,12 @@ inline jsonl_index_build_result build_jsonl_index(const std::filesystem::path& s
     if (parts[t].failed)
       throw format_error("build_jsonl_index: '" + source.string() + "' line " + std::to_string(source_lines + parts[t].error_line + 1) +
                          ": " + parts[t].error_message);
-    lines += parts[t].starts.size();
+    lines += parts[t].lines;
     source_lines += parts[t].source_line_count;
   }
 
   dd::index_header h;
-  h.flags = options.blank_lines == blank_line_policy::skip ? dd::flag_blank_lines_skipped : 0;
+  h.flags = skip ? dd::flag_blank_lines_skipped : 0;
   h.source_size = size;
   h.source_mtime_ns = src.mtime_ns();
   h.source_fingerprint = dd::source_fingerprint(src.view());
@@ -424,10 +585,9 @@ inline jsonl_index_build_result build_jsonl_index(const std::filesystem::path& s
   h.source_content_hash = dd::content_hash_combine(chunk_hashes.data(), chunk_hashes.size(), size);
   h.lines = lines;
   h.source_lines = source_lines;
-  const std::size_t ncols = (options.blank_lines == blank_line_policy::skip ? 1 : 0) + (options.length_column ? 1 : 0);
-  h.header_bytes = static_cast<std::uint32_t>(dd::index_fixed_header_bytes + ncols * dd::index_column_descriptor_bytes);
+  h.header_bytes = header_bytes;
   std::uint64_t at = h.header_bytes + (lines + 1) * 8;
-  if (options.blank_lines == blank_line_policy::skip) {
+  if (skip) {
     h.columns.push_back({"source_line", dd::column_u64_source_line, at});
     at += dd::index_header::column_bytes(dd::column_u64_source_line, lines);
   }
@@ -437,36 +597,33 @@ inline jsonl_index_build_result build_jsonl_index(const std::filesystem::path& s
   }
   const std::uint64_t total = at;
 
-  dd::index_temp_file tmp(index_path);
-  dd::hash_stream body(dd::body_checksum_seed);
-  std::uint64_t written = 0;
-  const auto put = [&](const void* p, std::size_t n) {
-    body.update(p, n);
-    dd::write_all(tmp.fd(), p, n, tmp.name(), "build_jsonl_index: cannot write");
-    written += n;
-  };
-  {
-    std::vector<unsigned char> placeholder(h.header_bytes, 0);
-    dd::write_all(tmp.fd(), placeholder.data(), placeholder.size(), tmp.name(), "build_jsonl_index: cannot write");
-    written += placeholder.size();
-    for (const auto& p : parts) put(p.starts.data(), p.starts.size() * 8);
-    put(&size, 8);
-    if (options.blank_lines == blank_line_policy::skip) {
-      std::uint64_t base = 0;
-      for (auto& p : parts) {
-        for (auto& v : p.source_lines) v += base;
-        base += p.source_line_count;
-        put(p.source_lines.data(), p.source_lines.size() * 8);
-      }
-    }
-    if (options.length_column) {
-      for (const auto& p : parts) put(p.values.data(), p.values.size() * 4);
-      if (lines % 2) {
-        const std::uint32_t pad = 0;
-        put(&pad, 4);
-      }
+  // the rest of the body after range 0's offsets, appended (and hashed) in order
+  dd::spill_file rest(tmp.fd(), header_bytes + parts[0].starts.bytes(), tmp.name(), &body);
+  for (unsigned t = 1; t < threads; ++t) parts[t].starts.read_back([&](const char* p, std::size_t n) { rest.append(p, n); });
+  rest.append(&size, 8);
+  if (skip) {
+    std::uint64_t base = 0;
+    for (unsigned t = 0; t < threads; ++t) {
+      parts[t].source_lines.read_back([&](const char* p, std::size_t n) {
+        for (std::size_t k = 0; k + 8 <= n; k += 8) {
+          std::uint64_t v;
+          std::memcpy(&v, p + k, 8);
+          v += base;
+          rest.append(&v, 8);
+        }
+      });
+      base += parts[t].source_line_count;
     }
   }
+  if (options.length_column) {
+    for (unsigned t = 0; t < threads; ++t) parts[t].values.read_back([&](const char* p, std::size_t n) { rest.append(p, n); });
+    if (lines % 2) {
+      const std::uint32_t pad = 0;
+      rest.append(&pad, 4);
+    }
+  }
+  rest.flush();
+  const std::uint64_t written = header_bytes + parts[0].starts.bytes() + rest.bytes();
   parts.clear();
   parts.shrink_to_fit();
   if (written != total)

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -51,6 +53,8 @@ struct jsonl_index_open_options {
 /// (or the object it was moved into) lives. Move-only. Thread-safe for
 /// concurrent reads.
 class jsonl_index {
+  struct pread_files; // read_line's file descriptors (below)
+
 public:
   /// Opens `source` and its index, checking the index header, layout and
   /// checksums, and that the source is unchanged: size, mtime (ns), the
@@ -117,6 +121,58 @@ public:
     }
     if (e > b && base[e - 1] == '\r') --e;
     return {base + b, e - b};
+  }
+
+  /// Drops the pages of the source and index mappings from this process's
+  /// resident set (mapped_file::release): e.g. after planning from lengths().
+  /// Thread-safe; lines and spans already returned stay valid.
+  void release_pages() const noexcept {
+    source_.release();
+    index_.release();
+  }
+
+  /// Line `k` copied into `out` (resized to the line's bytes, without '\\n'
+  /// and a trailing '\\r'; the same bytes as at(k)) with pread(2) from the
+  /// index and source files instead of through their mappings, with the same
+  /// checks as operator[]. Random reads through a mapping add every page they
+  /// fault to the resident set, and the kernel maps up to a large folio (64
+  /// KiB to 2 MiB, by file system and kernel) around each fault, so reading
+  /// random lines of a file larger than memory through operator[] makes the
+  /// RSS approach the file's size (page cache, reclaimable, but it is what
+  /// RSS limits see); read_line's RSS is `out`. Two pread calls per line (about
+  /// a microsecond each on a warm page cache). The files are opened on the
+  /// first call (two descriptors per index; the mappings have none) and must
+  /// still be the files opened (same device and inode). Thread-safe with a
+  /// `out` per thread.
+  /// @throws dpkit::invalid_argument naming k and size() if k >= size();
+  ///         dpkit::format_error as operator[] for a damaged index;
+  ///         dpkit::stale_index_error if the source or index path now names
+  ///         another file; dpkit::error on an I/O error (errno text).
+  void read_line(std::uint64_t k, std::string& out) const {
+    check(k, "read_line");
+    pread_files& f = open_files();
+    std::uint64_t off[2];
+    const auto at = static_cast<std::uint64_t>(reinterpret_cast<const char*>(offsets_ + k) - index_.data());
+    pread_exact(f.index.get(), off, sizeof off, at, index_path_);
+    const std::uint64_t b = off[0], next = off[1], size = source_.size();
+    if (b >= next || next > size) damaged(k, b, next, "offsets out of order or past the end of the source");
+    const std::uint64_t from = b > 0 ? b - 1 : 0; // the byte before the line must be '\n'
+    out.resize(static_cast<std::size_t>(next - from));
+    pread_exact(f.source.get(), out.data(), out.size(), from, source_.path());
+    if ((b > 0 && out.front() != '\n') || (next < size && out.back() != '\n')) damaged(k, b, next, "offset not at the start of a line");
+    std::size_t e = out.size();
+    const std::size_t lb = static_cast<std::size_t>(b - from);
+    if (skipped_blank_) {
+      const void* p = std::memchr(out.data() + lb, '\n', e - lb);
+      if (p) e = static_cast<std::size_t>(static_cast<const char*>(p) - out.data());
+      if (e + 1 < out.size() && !detail::is_blank(out.data() + e + 1, out.size() - e - 1, true))
+        damaged(k, b, next, "a non-blank line between two offsets");
+    } else if (out[e - 1] == '\n') {
+      --e;
+    }
+    if (e > lb && out[e - 1] == '\r') --e;
+    out.resize(e);
+    out.erase(0, lb);
   }
 
   /// Line `k`, checked. @throws dpkit::invalid_argument naming k and size();
@@ -232,6 +288,45 @@ private:
                                           std::to_string(source_.size()) + " bytes): " + why + "; rebuild it");
   }
 
+  pread_files& open_files() const {
+    pread_files& f = *files_;
+    std::call_once(f.once, [&] {
+      const auto open_same = [&](const mapped_file& m, detail::fd_guard& fd) {
+        fd = detail::fd_guard(::open(m.path().c_str(), O_RDONLY | O_CLOEXEC));
+        struct stat st {};
+        if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0) {
+          f.error = detail::errno_message("jsonl_index::read_line: cannot open", m.path(), errno);
+          return false;
+        }
+        if (static_cast<std::uint64_t>(st.st_dev) != m.device() || static_cast<std::uint64_t>(st.st_ino) != m.inode()) {
+          f.error = "jsonl_index::read_line: '" + m.path().string() + "' is another file than the one opened (replaced since); reopen the index";
+          f.stale = true;
+          return false;
+        }
+        return true;
+      };
+      if (open_same(source_, f.source)) open_same(index_, f.index);
+    });
+    if (!f.error.empty()) {
+      if (f.stale) throw stale_index_error(f.error);
+      throw error(f.error);
+    }
+    return f;
+  }
+
+  static void pread_exact(int fd, void* buf, std::size_t n, std::uint64_t at, const std::filesystem::path& path) {
+    auto* p = static_cast<char*>(buf);
+    while (n > 0) {
+      const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(at));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw error(detail::errno_message("jsonl_index::read_line: cannot read", path, errno));
+      if (r == 0) detail::throw_format(path, "read_line: the file ended early (truncated since it was opened)");
+      p += r;
+      n -= static_cast<std::size_t>(r);
+      at += static_cast<std::uint64_t>(r);
+    }
+  }
+
   void check(std::uint64_t k, const char* what) const {
     if (k >= header_.lines)
       throw invalid_argument(std::string("jsonl_index::") + what + ": line " + std::to_string(k) + " >= size " +
@@ -247,6 +342,16 @@ private:
   const std::uint32_t* lengths_ = nullptr;
   std::string length_name_;
   bool skipped_blank_ = false;
+
+  /// The files read_line reads with pread(2): opened on first use, checked to
+  /// be the files mapped at open (device and inode).
+  struct pread_files {
+    std::once_flag once;
+    detail::fd_guard source{-1}, index{-1};
+    std::string error; // why opening failed (then every read_line throws it)
+    bool stale = false; // ... because a path names another file now
+  };
+  std::unique_ptr<pread_files> files_ = std::make_unique<pread_files>();
 };
 
 } // namespace dpkit

@@ -158,6 +158,25 @@ public:
     ::madvise(const_cast<char*>(data_) + start, end - start, detail::madvise_flag(advice));
   }
 
+  /// Drops this process's mapping of the pages of bytes [offset, offset +
+  /// length) (madvise MADV_DONTNEED; the start is rounded down, the end up, to
+  /// a page; clamped to the file), so they stop counting in its resident set.
+  /// The data stays valid: the mapping is read-only and never written, so a
+  /// later access maps the same bytes again from the page cache (a minor
+  /// fault) or the file. Use it to bound the RSS of a scan or of random reads
+  /// over a file larger than the memory budget. Failures are ignored.
+  void release(std::size_t offset, std::size_t length) const noexcept {
+    if (!data_ || offset >= size_ || length == 0) return;
+    const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::size_t start = offset - offset % page;
+    std::size_t end = (length > size_ - offset) ? size_ : offset + length;
+    end = (end + page - 1) / page * page;
+    ::madvise(const_cast<char*>(data_) + start, end - start, MADV_DONTNEED);
+  }
+
+  /// release(0, size()): drops every page of the mapping from the resident set.
+  void release() const noexcept { release(0, size_); }
+
 private:
   void unmap() noexcept {
     if (data_) ::munmap(const_cast<char*>(data_), size_);

@@ -63,6 +63,8 @@ public:
   [[nodiscard]] const std::uint64_t* data() const noexcept { return p_; }
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
   [[nodiscard]] bool empty() const noexcept { return n_ == 0; }
+  /// Removes every entry (keeps the capacity).
+  void clear() noexcept { n_ = 0; }
 
 private:
   std::uint64_t* p_ = nullptr;
