@@ -524,3 +524,68 @@ TEST_CASE("jsonl_index::read_line: a replaced source is refused, not read") {
   CHECK_THROWS_AS(idx.read_line(0, buf), dpkit::stale_index_error);
   CHECK(idx[0] == "{\"a\":1}"); // the mapping is the file opened
 }
+
+TEST_CASE("json_length_column: the batch extractor (document streams) gives the per-line extractor's values and errors") {
+  // the same file built with and without make_batch_extractor: same column,
+  // or the same error on the same line
+  const fs::path src = tmp_dir() / "batch-vs-line.jsonl";
+  const fs::path idxp = tmp_dir() / "batch-vs-line.idx";
+  const auto build = [&](const std::string& content, bool batch, dpkit::missing_field_policy missing, unsigned threads) {
+    data_test::write_file(src, content);
+    dpkit::jsonl_index_build_options o;
+    o.threads = threads;
+    o.length_column = dpkit::json_length_column("n", {missing, 77});
+    if (!batch) o.length_column->make_batch_extractor = nullptr;
+    std::string result;
+    try {
+      dpkit::build_jsonl_index(src, idxp, o);
+      dpkit::jsonl_index_open_options oo;
+      oo.index_path = idxp;
+      const auto idx = dpkit::jsonl_index::open(src, oo);
+      for (const std::uint32_t v : idx.lengths()) result += std::to_string(v) + ",";
+    } catch (const dpkit::format_error& e) {
+      const std::string msg = e.what();
+      result = "error at" + msg.substr(msg.find(" line "), msg.find(':', msg.find(" line ")) - msg.find(" line "));
+    }
+    return result;
+  };
+  std::string big; // > 1 MiB: several runs, a bad line deep inside one
+  for (int i = 0; i < 120000; ++i) big += "{\"n\": " + std::to_string(i % 300) + ", \"t\": \"x\\ny\"}\n";
+  std::string big_bad = big;
+  big_bad.insert(big_bad.find('\n', 1500000) + 1, "{\"n\":\n5} {\"n\": 6}\n");
+  const std::vector<std::string> files = {
+      "{\"n\":1}\n{\"n\":2}\n{\"n\":3}",                // no trailing newline
+      "{\"n\":1}\r\n  {\"n\":2}  \r\n{ \"n\" : 3 }\n", // CRLF, spaces
+      "{\"n\":1}\n\n{\"n\":3}\n",                       // a blank line (kept: an error)
+      "{\"n\":1}\n{\"n\":\n2}\n",                       // a document over two lines
+      "{\"n\":\n2} {\"n\":3}\n{\"n\":4}\n",             // ... followed by another on its second line
+      "{\"n\":1} {\"n\":2}\n",                          // two documents on one line
+      "{\"n\":1}\n[1]\n",                                // not an object
+      "{\"n\":1}\n{\"m\":2}\n{\"n\":3}\n",              // a missing field
+      "{\"n\":1}\n{\"n\":-2}\n",                         // not unsigned
+      "{\"n\":1}\n{\"n\":4294967295}\n",                 // reserved value
+      "{\"n\":1}\n{\"n\":2,}\n",                         // invalid JSON
+      "{\"n\":1}\n{\"n\":2} x\n",                        // trailing garbage
+      "{\"n\":1}\n{\"n\":\"2\"}\n",                      // a string
+      "{\"x\":{\"n\":5},\"n\":6}\n",                     // nested key of the same name
+      big,
+      big_bad,
+  };
+  for (const auto& content : files) {
+    for (const auto missing : {dpkit::missing_field_policy::error, dpkit::missing_field_policy::default_value,
+                               dpkit::missing_field_policy::skip}) {
+      for (unsigned threads : {1u, 2u}) {
+        CAPTURE(content.substr(0, 40));
+        CAPTURE(static_cast<int>(missing));
+        CAPTURE(threads);
+        const std::string line = build(content, false, missing, threads);
+        const std::string batched = build(content, true, missing, threads);
+        CHECK(batched == line);
+      }
+    }
+  }
+  CHECK(build(files[0], true, dpkit::missing_field_policy::error, 1) == "1,2,3,");
+  CHECK(build(files[4], true, dpkit::missing_field_policy::error, 1) == "error at line 1");
+  CHECK(build(files[7], true, dpkit::missing_field_policy::default_value, 1) == "1,77,3,");
+  CHECK(build(big_bad, true, dpkit::missing_field_policy::error, 2).rfind("error at line ", 0) == 0);
+}

@@ -23,6 +23,7 @@
 #include <functional>
 #include <optional>
 #include <random>
+#include <span>
 #include <stop_token>
 #include <string>
 #include <string_view>
@@ -42,12 +43,28 @@ namespace dpkit {
 /// and the 1-based line number with the exception's message.
 using line_value_extractor = std::function<std::uint32_t(std::string_view line)>;
 
+/// Extracts the u32 values of a run of consecutive whole lines at once (e.g.
+/// with one simdjson document-stream parse instead of one parse per line).
+/// `text` holds the lines' bytes, each line's '\\n' included (the last line
+/// may lack it at the end of the file); `starts[i]` is the offset in `text` of
+/// line i; `out[i]` receives its value (out.size() == starts.size()). Returns
+/// false to decline the run (a line it cannot handle, e.g. invalid): the
+/// builder then calls the per-line extractor on each line of the run, which
+/// rejects the bad line with its own message. Must give each line the value
+/// the per-line extractor gives it.
+using batch_value_extractor =
+    std::function<bool(std::string_view text, std::span<const std::uint64_t> starts, std::span<std::uint32_t> out)>;
+
 /// An optional per-line u32 column (e.g. lengths in tokens from a JSON field).
 struct length_column_spec {
   /// Column name stored in the index (at most 15 bytes), e.g. "num_tokens".
   std::string name;
   /// Makes one extractor per build thread (extractors may keep parser state).
   std::function<line_value_extractor()> make_extractor;
+  /// Optional: makes one batch extractor per build thread, used (when blank
+  /// lines are kept) on runs of about column_batch_bytes of lines, with
+  /// make_extractor's extractor as the fallback for declined runs.
+  std::function<batch_value_extractor()> make_batch_extractor;
 };
 
 /// Progress callback: (bytes of the source processed, total bytes of the
@@ -231,6 +248,9 @@ inline bool stop_now(build_shared& shared, const std::stop_token& stop, unsigned
 inline constexpr std::uint64_t build_step_bytes = std::uint64_t{64} << 10;
 static_assert(content_chunk_bytes % build_step_bytes == 0 && build_step_bytes % 64 == 0);
 
+/// Bytes of whole lines handed to a batch_value_extractor at once.
+inline constexpr std::uint64_t column_batch_bytes = std::uint64_t{1} << 20;
+
 /// A build thread drops the source pages it has scanned from its resident set
 /// (mapped_file::release) every this many bytes.
 inline constexpr std::uint64_t release_behind_bytes = std::uint64_t{8} << 20;
@@ -328,6 +348,62 @@ inline void build_range(const mapped_file& src, std::uint64_t begin, std::uint64
     const void* p = begin < end ? std::memchr(data + begin, '\n', end - begin) : nullptr;
     s = p ? static_cast<std::uint64_t>(static_cast<const char*>(p) - data) + 1 : end;
   }
+  // the per-line extractor on line [b, e) (local source line `local`); false
+  // when it rejected the line (recorded in `out`, the build fails)
+  const auto extract_line = [&](std::uint64_t b, std::uint64_t e, std::uint64_t local) {
+    std::string_view line(data + b, e - b);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    try {
+      const std::uint32_t v = extract(line);
+      out.values.append(&v, 4);
+      return true;
+    } catch (const std::exception& ex) {
+      out.failed = true;
+      out.error_line = local;
+      out.error_message = ex.what();
+      unsigned cur = shared.first_failed.load();
+      while (worker < cur && !shared.first_failed.compare_exchange_weak(cur, worker)) {
+      }
+      return false;
+    }
+  };
+  if (extract && !skip && opt.length_column->make_batch_extractor) {
+    // runs of about column_batch_bytes of whole lines through the batch
+    // extractor; a declined run goes line by line through extract_line
+    const batch_value_extractor batch = opt.length_column->make_batch_extractor();
+    std::vector<std::uint64_t> rel;
+    std::vector<std::uint32_t> vals;
+    while (s < end) {
+      rel.clear();
+      const std::uint64_t limit = std::min(end, s + column_batch_bytes);
+      std::uint64_t t = s;
+      while (t < limit) {
+        rel.push_back(t - s);
+        const void* p = std::memchr(data + t, '\n', size - t);
+        t = p ? static_cast<std::uint64_t>(static_cast<const char*>(p) - data) + 1 : size + 1;
+      }
+      const std::uint64_t text_end = std::min(t, size);
+      vals.resize(rel.size());
+      if (batch(std::string_view(data + s, text_end - s), rel, vals)) {
+        out.values.append(vals.data(), vals.size() * 4);
+      } else {
+        for (std::size_t i = 0; i < rel.size(); ++i) {
+          const std::uint64_t b = s + rel[i];
+          const std::uint64_t e = i + 1 < rel.size() ? s + rel[i + 1] - 1 : (t > size ? size : t - 1);
+          if (!extract_line(b, e, out.source_line_count + i)) return;
+        }
+      }
+      for (const std::uint64_t r : rel) out.staged.push_back(s + r);
+      out.spill(spill_buffer_bytes / 8);
+      out.lines += rel.size();
+      out.source_line_count += rel.size();
+      s = t;
+      hasher.advance(std::min(s, end) / 64 * 64);
+      release_behind(std::min(s, end) / 64 * 64);
+      if (progress(std::min(s, end))) return;
+    }
+    s = end; // the tail below: hash and report the rest of the range
+  }
   while (s < end) {
     const void* p = std::memchr(data + s, '\n', size - s);
     const std::uint64_t e = p ? static_cast<std::uint64_t>(static_cast<const char*>(p) - data) : size;
@@ -337,22 +413,7 @@ inline void build_range(const mapped_file& src, std::uint64_t begin, std::uint64
       ++out.lines;
       out.spill(spill_buffer_bytes / 8);
       if (skip) out.source_lines.append(&local, 8);
-      if (extract) {
-        std::string_view line(data + s, e - s);
-        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-        try {
-          const std::uint32_t v = extract(line);
-          out.values.append(&v, 4);
-        } catch (const std::exception& ex) {
-          out.failed = true;
-          out.error_line = local;
-          out.error_message = ex.what();
-          unsigned cur = shared.first_failed.load();
-          while (worker < cur && !shared.first_failed.compare_exchange_weak(cur, worker)) {
-          }
-          return;
-        }
-      }
+      if (extract && !extract_line(s, e, local)) return;
     }
     s = e + 1;
     if (s - reported >= interval || s >= end) {
