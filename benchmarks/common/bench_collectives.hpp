@@ -125,7 +125,7 @@ inline constexpr std::array algorithm_table{
                     bit(collective::allreduce) | bit(collective::reduce_scatter) | bit(collective::allgather)},
     algorithm_entry{dpkit::algorithm::tree, "tree", transport_need::nothing,
                     bit(collective::allreduce) | bit(collective::broadcast) | bit(collective::reduce)},
-    algorithm_entry{dpkit::algorithm::shm, "shm", transport_need::shared_memory, bit(collective::allreduce)},
+    algorithm_entry{dpkit::algorithm::shm, "shm", transport_need::shared_memory, all_collectives},
     algorithm_entry{dpkit::algorithm::native, "native", transport_need::native_collectives, all_collectives},
     algorithm_entry{dpkit::algorithm::automatic, "auto", transport_need::nothing, all_collectives},
 };

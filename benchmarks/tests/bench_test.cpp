@@ -267,10 +267,10 @@ TEST_CASE("collective facts and the algorithm table") {
     return s;
   };
   CHECK(labels(db::collective::allreduce) == "ring tree shm native auto ");
-  CHECK(labels(db::collective::reduce_scatter) == "ring native auto ");
-  CHECK(labels(db::collective::allgather) == "ring native auto ");
-  CHECK(labels(db::collective::broadcast) == "tree native auto ");
-  CHECK(labels(db::collective::reduce) == "tree native auto ");
+  CHECK(labels(db::collective::reduce_scatter) == "ring shm native auto ");
+  CHECK(labels(db::collective::allgather) == "ring shm native auto ");
+  CHECK(labels(db::collective::broadcast) == "tree shm native auto ");
+  CHECK(labels(db::collective::reduce) == "tree shm native auto ");
   CHECK(db::algorithm_label(dpkit::algorithm::automatic) == "auto");
   CHECK(db::transport_has<dpkit::inproc>(db::transport_need::nothing));
   CHECK_FALSE(db::transport_has<dpkit::inproc>(db::transport_need::native_collectives));

@@ -132,9 +132,10 @@ struct config {
   dpkit::collective_options o{};
   int root = 0;
   std::uint64_t salt = 0;
+  bool shm = false; // reduce_scatter, allgather, broadcast, reduce: algorithm::shm instead of ring/tree
   std::string describe(int n) const {
     std::ostringstream os;
-    os << kind_name(k) << " n=" << n << " count=" << count << " op=" << op << (in_place ? " in-place" : " out-of-place")
+    os << kind_name(k) << (shm ? "(shm)" : "") << " n=" << n << " count=" << count << " op=" << op << (in_place ? " in-place" : " out-of-place")
        << " segment_bytes=" << o.segment_bytes << " depth=" << o.pipeline_depth << " root=" << root;
     return os.str();
   }
@@ -173,11 +174,13 @@ std::vector<T> run_on_rank(dpkit::inproc& comm, const config& cfg) {
     // Global input index of rank r element j is j (the same index space on every rank).
     auto in = make_input<T>(c.op, r, c.count * nn, 0, c.salt);
     if (c.in_place) {
-      dpkit::reduce_scatter_ring(comm, in, c.op, c.o);
+      if (c.shm) dpkit::reduce_scatter(comm, in, c.op, dpkit::algorithm::shm, c.o);
+      else dpkit::reduce_scatter_ring(comm, in, c.op, c.o);
       return in;
     }
     std::vector<T> out(c.count, sentinel<T>());
-    dpkit::reduce_scatter_ring(comm, in, out, c.op, c.o);
+    if (c.shm) dpkit::reduce_scatter(comm, in, out, c.op, dpkit::algorithm::shm, c.o);
+    else dpkit::reduce_scatter_ring(comm, in, out, c.op, c.o);
     return out;
   }
   case kind::allgather: {
@@ -185,28 +188,32 @@ std::vector<T> run_on_rank(dpkit::inproc& comm, const config& cfg) {
     std::vector<T> out(c.count * nn, sentinel<T>());
     if (c.in_place) {
       std::copy(in.begin(), in.end(), out.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * c.count));
-      dpkit::allgather_ring(comm, out, c.o);
+      if (c.shm) dpkit::allgather(comm, out, dpkit::algorithm::shm, c.o);
+      else dpkit::allgather_ring(comm, out, c.o);
     } else {
-      dpkit::allgather_ring(comm, in, out, c.o);
+      if (c.shm) dpkit::allgather(comm, in, out, dpkit::algorithm::shm, c.o);
+      else dpkit::allgather_ring(comm, in, out, c.o);
     }
     return out;
   }
   case kind::broadcast: {
     // Non-root ranks hold different data that must be overwritten.
     auto buf = make_input<T>(c.op, r, c.count, 0, c.salt);
+    const auto a = c.shm ? dpkit::algorithm::shm : dpkit::algorithm::tree;
     if (c.in_place) {
-      dpkit::broadcast_tree(comm, buf, c.root, c.o);
+      dpkit::broadcast(comm, buf, c.root, a, c.o);
       return buf;
     }
     std::vector<T> out(c.count, sentinel<T>());
-    if (r == c.root) dpkit::broadcast_tree(comm, buf, out, c.root, c.o);
-    else dpkit::broadcast_tree(comm, std::vector<T>{}, out, c.root, c.o); // input ignored off root
+    if (r == c.root) dpkit::broadcast(comm, buf, out, c.root, a, c.o);
+    else dpkit::broadcast(comm, std::vector<T>{}, out, c.root, a, c.o); // input ignored off root
     return out;
   }
   case kind::reduce: {
     auto in = make_input<T>(c.op, r, c.count, 0, c.salt);
     std::vector<T> out(c.count, sentinel<T>());
-    dpkit::reduce_tree(comm, in, out, c.op, c.root, c.o);
+    if (c.shm) dpkit::reduce(comm, in, out, c.op, c.root, dpkit::algorithm::shm, c.o);
+    else dpkit::reduce_tree(comm, in, out, c.op, c.root, c.o);
     return out;
   }
   }
@@ -260,8 +267,8 @@ inline bool replicated(kind k) {
 // Runs all configurations on a world of n ranks (one world.run, every rank
 // executes the same sequence) and checks every result. Returns failures.
 template <class T>
-int run_and_check(int n, const std::vector<config>& cfgs) {
-  dpkit::inproc_world world(n);
+int run_and_check(int n, const std::vector<config>& cfgs, std::size_t shm_bytes = std::size_t{256} << 10) {
+  dpkit::inproc_world world(n, nullptr, shm_bytes);
   std::vector<std::vector<std::vector<T>>> got(static_cast<std::size_t>(n));
   std::string error;
   try {

@@ -15,6 +15,7 @@
 #include <functional>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 using namespace std::chrono_literals;
@@ -109,6 +110,101 @@ TEST_CASE_TEMPLATE("shm all-reduce equals the sequential reference on every rank
       for (std::size_t i = 0; i < std::min<std::size_t>(bad.size(), 5); ++i) FAIL_CHECK(bad[i]);
       CHECK(bad.empty());
     }
+  }
+}
+
+TEST_CASE_TEMPLATE("shm reduce-scatter, all-gather, broadcast and reduce equal the sequential reference", T, DPKIT_ELEMENT_TYPES) {
+  // through the dispatchers with algorithm::shm; NCCL's in-place conventions;
+  // roots 0, 1, n/2, n-1; small buffers for many chunks per call
+  using dpt::config;
+  using dpt::kind;
+  for (int n : test_sizes::worlds(dpt::world_sizes)) {
+    for (std::size_t shm_bytes : {std::size_t{256}, std::size_t{64} << 10}) {
+      if (shm_bytes == 256 && n > 4) continue;
+      const std::size_t chunk = shm_bytes / sizeof(T);
+      std::vector<std::size_t> counts = dpt::counts_for(n);
+      if (shm_bytes == 256) counts.push_back(3 * chunk + 7); // several chunks per call
+      const std::set<int> roots{0, n - 1, n / 2, n > 1 ? 1 : 0};
+      std::vector<config> cfgs;
+      for (std::size_t count : counts)
+        for (bool in_place : {false, true}) {
+          for (auto op : dpt::all_ops) {
+            config rs{kind::reduce_scatter, count, op, in_place};
+            rs.shm = true;
+            cfgs.push_back(rs);
+          }
+          config ag{kind::allgather, count, dpkit::reduce_op::max, in_place, {}, 0, count};
+          ag.shm = true;
+          cfgs.push_back(ag);
+          for (int root : roots) {
+            config bc{kind::broadcast, count, dpkit::reduce_op::min, in_place, {}, root};
+            bc.shm = true;
+            cfgs.push_back(bc);
+            if (in_place) continue;
+            for (auto op : dpt::all_ops) {
+              config rd{kind::reduce, count, op, false, {}, root};
+              rd.shm = true;
+              cfgs.push_back(rd);
+            }
+          }
+        }
+      CAPTURE(n);
+      CAPTURE(shm_bytes);
+      CHECK(dpt::run_and_check<T>(n, cfgs, shm_bytes) == 0);
+    }
+  }
+}
+
+namespace {
+// Throws unless f() throws dpkit::invalid_argument (checked on every rank's thread).
+template <class F>
+void expect_invalid(const char* what, F&& f) {
+  try {
+    f();
+  } catch (const dpkit::invalid_argument&) {
+    return;
+  }
+  throw std::runtime_error(std::string(what) + ": no invalid_argument");
+}
+} // namespace
+
+TEST_CASE("shm reduce-scatter, all-gather, broadcast, reduce: no segment or too-small buffers are invalid_argument") {
+  {
+    dpkit::inproc_world world(2, nullptr, 0); // no segment
+    const auto res = run_world(world, [](dpkit::inproc& comm) {
+      std::vector<float> v(4, 1.0f), w(2);
+      expect_invalid("broadcast", [&] { dpkit::broadcast(comm, v, 0, dpkit::algorithm::shm); });
+      expect_invalid("reduce", [&] { dpkit::reduce(comm, v, w, dpkit::reduce_op::sum, 0, dpkit::algorithm::shm); });
+      expect_invalid("allgather", [&] { dpkit::allgather(comm, v, dpkit::algorithm::shm); });
+      expect_invalid("reduce_scatter", [&] { dpkit::reduce_scatter(comm, v, w, dpkit::reduce_op::sum, dpkit::algorithm::shm); });
+    });
+    for (const auto& r : res) CHECK_MESSAGE(r.type == "ok", r.what);
+  }
+  {
+    // 64-byte buffers hold 8 doubles: a reduce-scatter chunk needs one per rank
+    dpkit::inproc_world world(9, nullptr, 64);
+    const auto res = run_world(world, [](dpkit::inproc& comm) {
+      std::vector<double> v(18, 1.0), w(2);
+      expect_invalid("reduce_scatter_shm", [&] { dpkit::reduce_scatter_shm(comm, v, w); });
+      std::vector<double> mine(100, 2.0), all(100 * 9);
+      dpkit::allgather_shm(comm, mine, all); // fine: all-gather chunks are whole buffers (8 elements)
+      if (!std::all_of(all.begin(), all.end(), [](double x) { return x == 2.0; })) throw std::runtime_error("all-gather");
+    });
+    for (const auto& r : res) CHECK_MESSAGE(r.type == "ok", r.what);
+  }
+}
+
+TEST_CASE("shm broadcast: ranks naming different roots get mismatch_error naming both, not a wrong result") {
+  dpkit::inproc_world world(2, nullptr, 4096);
+  dpkit::collective_options o;
+  o.timeout = 20s;
+  const auto res = run_world(world, [&](dpkit::inproc& comm) {
+    std::vector<float> v(100, static_cast<float>(comm.rank()));
+    dpkit::broadcast_shm(comm, v, comm.rank(), o); // each rank names itself root
+  });
+  for (const auto& r : res) {
+    CHECK(r.type == "mismatch");
+    CHECK_MESSAGE(r.what.find("root") != std::string::npos, r.what);
   }
 }
 

@@ -114,11 +114,11 @@ TEST_CASE_TEMPLATE("mpi allreduce: every algorithm and op equals the sequential 
       }
 }
 
-TEST_CASE("mpi reduce_scatter, allgather, broadcast, reduce, barrier: dpkit's algorithm and native, both placements") {
+TEST_CASE("mpi reduce_scatter, allgather, broadcast, reduce, barrier: dpkit's algorithm, shm and native, both placements") {
   dpkit::mpi comm(MPI_COMM_WORLD);
   const int n = comm.size(), r = comm.rank();
   const auto un = static_cast<std::size_t>(n);
-  for (dpkit::algorithm a : {dpkit::algorithm::automatic, dpkit::algorithm::native})
+  for (dpkit::algorithm a : {dpkit::algorithm::automatic, dpkit::algorithm::native, dpkit::algorithm::shm})
   for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{4099}}) {
     CAPTURE(a);
     CAPTURE(count);

@@ -1,11 +1,12 @@
 /// @file allgather.hpp
 /// @brief `allgather(comm, in, out, algorithm)`: all-gather with the algorithm
 /// chosen by the caller: ring (allgather_ring.hpp; also what `automatic`
-/// picks) or the transport's native one (MPI_Allgather, ncclAllGather).
+/// picks), shm (shm_collectives.hpp) or the transport's native one (MPI_Allgather, ncclAllGather).
 /// Semantics of ncclAllGather.
 #pragma once
 
 #include "allgather_ring.hpp"
+#include "shm_collectives.hpp"
 #include "policy.hpp"
 
 namespace dpkit {
@@ -13,13 +14,15 @@ namespace dpkit {
 /// Out-of-place all-gather: out[k * count + i] = rank k's in[i].
 /// @param in  count elements on every rank.
 /// @param out count x n elements, same element type and memory space.
-/// @param a   ring or automatic (ring), or native; tree does not exist here.
+/// @param a   ring or automatic (ring), native, or shm (allgather_shm); tree does
+///            not exist here.
 /// @throws dpkit::invalid_argument (sizes, spaces, tree requested, native on a
 ///         transport without native collectives), dpkit::timeout_error.
 template <transport C, tensor In, tensor Out>
 void allgather(C& comm, const In& in, Out&& out, algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<In>;
   if (a == algorithm::automatic || a == algorithm::ring) return allgather_ring(comm, in, out, o);
+  if (a == algorithm::shm) return allgather_shm(comm, in, out, o);
   const auto ctx = detail::make_context(comm, "allgather_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
   const std::size_t count = size_of(in);
@@ -37,6 +40,7 @@ template <transport C, tensor Tn>
 void allgather(C& comm, Tn&& t, algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<Tn>;
   if (a == algorithm::automatic || a == algorithm::ring) return allgather_ring(comm, t, o);
+  if (a == algorithm::shm) return allgather_shm(comm, t, o);
   const auto ctx = detail::make_context(comm, "allgather_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
   const auto p_count = detail::resolve_chunked_inplace(comm, ctx, t);

@@ -1,11 +1,12 @@
 /// @file broadcast.hpp
 /// @brief `broadcast(comm, in, out, root, algorithm)`: broadcast with the
 /// algorithm chosen by the caller: tree (broadcast_tree.hpp; also what
-/// `automatic` picks) or the transport's native one (MPI_Bcast,
+/// `automatic` picks), shm (shm_collectives.hpp) or the transport's native one (MPI_Bcast,
 /// ncclBroadcast). Semantics of ncclBroadcast.
 #pragma once
 
 #include "broadcast_tree.hpp"
+#include "shm_collectives.hpp"
 #include "policy.hpp"
 
 namespace dpkit {
@@ -14,7 +15,8 @@ namespace dpkit {
 /// @param in  count elements, read on root only (may be empty elsewhere).
 /// @param out count elements on every rank (on root: in's size).
 /// @param root rank in [0, world size).
-/// @param a   tree or automatic (tree), or native; ring does not exist here.
+/// @param a   tree or automatic (tree), native, or shm (broadcast_shm); ring does
+///            not exist here.
 /// @throws dpkit::invalid_argument (root, sizes, spaces, ring requested, native
 ///         on a transport without native collectives), dpkit::timeout_error.
 template <transport C, tensor In, tensor Out>
@@ -22,6 +24,7 @@ void broadcast(C& comm, const In& in, Out&& out, int root = 0, algorithm a = alg
                const collective_options& o = {}) {
   using T = tensor_value_t<Out>;
   if (a == algorithm::automatic || a == algorithm::tree) return broadcast_tree(comm, in, out, root, o);
+  if (a == algorithm::shm) return broadcast_shm(comm, in, out, root, o);
   const auto ctx = detail::make_context(comm, "broadcast_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
   const auto ip_outp = detail::resolve_broadcast(comm, ctx, in, out, root);

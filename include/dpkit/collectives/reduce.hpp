@@ -1,12 +1,13 @@
 /// @file reduce.hpp
 /// @brief `reduce(comm, in, out, op, root, algorithm)`: reduce to one rank with
 /// the algorithm chosen by the caller: tree (reduce_tree.hpp; also what
-/// `automatic` picks) or the transport's native one (MPI_Reduce, ncclReduce).
+/// `automatic` picks), shm (shm_collectives.hpp) or the transport's native one (MPI_Reduce, ncclReduce).
 /// Semantics of ncclReduce.
 #pragma once
 
 #include "policy.hpp"
 #include "reduce_tree.hpp"
+#include "shm_collectives.hpp"
 
 namespace dpkit {
 
@@ -14,7 +15,8 @@ namespace dpkit {
 /// @param in  count elements on every rank.
 /// @param out count elements on root (ignored elsewhere; may be empty there).
 /// @param op  sum, prod, min, max or avg (root divides by the world size).
-/// @param a   tree or automatic (tree), or native; ring does not exist here.
+/// @param a   tree or automatic (tree), native, or shm (reduce_shm); ring does not
+///            exist here.
 /// @throws dpkit::invalid_argument (root, sizes, spaces, ring requested, native
 ///         on a transport without native collectives), dpkit::timeout_error.
 template <transport C, tensor In, tensor Out>
@@ -22,6 +24,7 @@ void reduce(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum, int
             algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<In>;
   if (a == algorithm::automatic || a == algorithm::tree) return reduce_tree(comm, in, out, op, root, o);
+  if (a == algorithm::shm) return reduce_shm(comm, in, out, op, root, o);
   const auto ctx = detail::make_context(comm, "reduce_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
   const auto ip_outp = detail::resolve_reduce(comm, ctx, in, out, root);

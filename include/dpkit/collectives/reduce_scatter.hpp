@@ -1,12 +1,13 @@
 /// @file reduce_scatter.hpp
 /// @brief `reduce_scatter(comm, in, out, op, algorithm)`: reduce-scatter with
 /// the algorithm chosen by the caller: ring (reduce_scatter_ring.hpp; also what
-/// `automatic` picks) or the transport's native one (MPI_Reduce_scatter_block,
+/// `automatic` picks), shm (shm_collectives.hpp) or the transport's native one (MPI_Reduce_scatter_block,
 /// ncclReduceScatter). Semantics of ncclReduceScatter.
 #pragma once
 
 #include "policy.hpp"
 #include "reduce_scatter_ring.hpp"
+#include "shm_collectives.hpp"
 
 namespace dpkit {
 
@@ -14,7 +15,8 @@ namespace dpkit {
 /// @param in  count x n elements (n = world size) on every rank.
 /// @param out count elements, same element type and memory space.
 /// @param op  sum, prod, min, max or avg.
-/// @param a   ring or automatic (ring), or native; tree does not exist here.
+/// @param a   ring or automatic (ring), native, or shm (reduce_scatter_shm); tree
+///            does not exist here.
 /// Every rank must pass the same count, op, algorithm and options.
 /// @throws dpkit::invalid_argument (sizes, spaces, tree requested, native on a
 ///         transport without native collectives), dpkit::timeout_error.
@@ -23,6 +25,7 @@ void reduce_scatter(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::
                     algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<In>;
   if (a == algorithm::automatic || a == algorithm::ring) return reduce_scatter_ring(comm, in, out, op, o);
+  if (a == algorithm::shm) return reduce_scatter_shm(comm, in, out, op, o);
   const auto ctx = detail::make_context(comm, "reduce_scatter_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
   const std::size_t n = static_cast<std::size_t>(ctx.size), total = size_of(in);
@@ -44,6 +47,7 @@ void reduce_scatter(C& comm, Tn&& t, reduce_op op = reduce_op::sum, algorithm a 
                     const collective_options& o = {}) {
   using T = tensor_value_t<Tn>;
   if (a == algorithm::automatic || a == algorithm::ring) return reduce_scatter_ring(comm, t, op, o);
+  if (a == algorithm::shm) return reduce_scatter_shm(comm, t, op, o);
   const auto ctx = detail::make_context(comm, "reduce_scatter_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
   const auto p_count = detail::resolve_chunked_inplace(comm, ctx, t);
