@@ -68,7 +68,7 @@ struct args {
   std::string corpus = "build/data/debian-descriptions.jsonl";
   std::string spm = "data/debian-bpe-8k.model";
   std::string ddp = "dpkit";
-  bool bucket_view = false, find_unused = false;
+  bool bucket_view = false, find_unused = false, no_comm_thread = false;
   std::string compression = "none";
   std::string algorithm = "automatic";
   std::string checkpoint, resume, dump, batches, loss_log, json;
@@ -300,6 +300,7 @@ int run(const args& a) {
     dpkit::ddp_options o;
     o.bucket_cap_mb = a.bucket_cap_mb;
     o.gradient_as_bucket_view = a.bucket_view;
+    o.comm_thread = !a.no_comm_thread;
     o.find_unused_parameters = a.find_unused;
     o.algorithm.algo = dpkit::parse_algorithm(a.algorithm);
     o.comm_hook = a.compression == "f16" ? dpkit::gradient_compression::f16
@@ -447,6 +448,8 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP bucket_cap_mb");
   app.add_flag("--bucket-view", a.bucket_view, "DDP gradient_as_bucket_view");
   app.add_flag("--find-unused", a.find_unused, "DDP find_unused_parameters");
+  app.add_flag("--no-comm-thread", a.no_comm_thread,
+               "all-reduce each bucket inside the gradient hook that makes it ready (ddp_options::comm_thread = false)");
   app.add_option("--compression", a.compression, "none | f16 | bf16 (comm hook)")->check(CLI::IsMember({"none", "f16", "bf16"}));
   app.add_option("--algorithm", a.algorithm, "all-reduce of each bucket: automatic | ring | tree | native (MPI_Allreduce)");
   app.add_option("--checkpoint", a.checkpoint, "checkpoint file rank 0 writes (atomically) at the end");

@@ -50,16 +50,20 @@ struct failures {
 TEST_CASE("gradient_reducer equals per-tensor all-reduce on the real models, any ready order, world 1-5") {
   for (const std::string name : {"gpt2-124m", "bert-base-uncased", "llama-2-7b"}) {
     const auto spec = ft::scaled(dpkit::load_model_spec(ft::model_path(name)), 1000);
-    for (int world : test_sizes::worlds({1, 2, 3, 4, 5}, 3)) {
+    for (int world : test_sizes::worlds({1, 2, 3, 4, 5}, 3))
+    for (bool comm_thread : {true, false}) { // false: each bucket all-reduced inside mark_ready
       CAPTURE(name);
       CAPTURE(world);
+      CAPTURE(comm_thread);
+      auto opts = small_opts();
+      opts.comm_thread = comm_thread;
       failures f;
       std::vector<std::size_t> nbuckets(static_cast<std::size_t>(world));
       dpkit::inproc_world w(world);
       w.run([&](inproc& c) {
         auto grads = ft::make_grads(spec);
         auto ref = ft::make_grads(spec);
-        gradient_reducer<inproc> red(c, ft::refs(grads), small_opts(), spec.names());
+        gradient_reducer<inproc> red(c, ft::refs(grads), opts, spec.names());
         nbuckets[static_cast<std::size_t>(c.rank())] = red.plan().size();
         for (int step = 0; step < 3; ++step) {
           ft::fill(grads, c.rank(), step);
@@ -405,6 +409,30 @@ TEST_CASE("gradient_reducer errors: typed, naming the parameter, no hang") {
     }),
                          doctest::Contains("parameter 1 ('h.0.attn.bias') marked ready twice"),
                          dpkit::invalid_argument);
+  }
+  SUBCASE("comm_thread = false: a bucket whose all-reduce fails inside mark_ready is reported by finish") {
+    dpkit::inproc_world w(2);
+    failures f;
+    w.run([&](inproc& c) {
+      if (c.rank() == 1) return; // never joins the buckets' all-reduces
+      auto o = small_opts();
+      o.comm_thread = false;
+      o.collective.timeout = std::chrono::milliseconds(500);
+      gradient_reducer<inproc> red(c, ps, o, names);
+      std::vector<float> g(10, 1.0f), h(2, 1.0f);
+      try {
+        for (std::size_t i : {2, 1, 0}) red.mark_ready(i, i == 2 ? h : g);
+      } catch (const std::exception& e) {
+        f.add(std::string("mark_ready threw: ") + e.what());
+        return;
+      }
+      try {
+        red.finish();
+        f.add("finish did not throw");
+      } catch (const dpkit::error&) {
+      }
+    });
+    CHECK_MESSAGE(f.msgs.empty(), f.all());
   }
   SUBCASE("missing parameter at finish, then the reducer is usable again") {
     dpkit::inproc_world w(3);

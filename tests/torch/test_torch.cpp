@@ -168,8 +168,10 @@ TEST_CASE("distributed_data_parallel on 2 ranks equals single-process training o
   auto ref = seeded_model(7);
   const int steps = 3;
   const std::int64_t rows = 2, len = 9;
-  for (bool view : {false, true}) {
+  for (int mode = 0; mode < 4; ++mode) {
+    const bool view = (mode & 1) != 0, comm_thread = mode < 2; // comm_thread false: all-reduces inside the hooks
     CAPTURE(view);
+    CAPTURE(comm_thread);
     // Reference: one process, both ranks' rows, SGD (linear in the gradients,
     // so rounding differences stay rounding-sized).
     auto single = copy_of(ref);
@@ -192,6 +194,7 @@ TEST_CASE("distributed_data_parallel on 2 ranks equals single-process training o
       auto& m = models[static_cast<std::size_t>(comm.rank())];
       dpkit::ddp_options o;
       o.gradient_as_bucket_view = view;
+      o.comm_thread = comm_thread;
       o.bucket_cap_mb = 0.004; // several buckets (about 4 KiB each)
       o.first_bucket_cap_mb = 0.002;
       dpkit::distributed_data_parallel<dpkit::inproc> ddp(m, comm, o);

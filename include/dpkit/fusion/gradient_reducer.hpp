@@ -104,6 +104,15 @@ struct reducer_options {
   /// holds the identical reduced buffer, and a NaN/Inf on any rank makes the
   /// reduced sum at that position non-finite.
   bool compute_stats = false;
+  /// Where a ready bucket's all-reduce runs. true (default, DDP's way): on the
+  /// transport's communication thread, overlapped with the rest of backward.
+  /// false: at once on the thread that marked the bucket's last gradient ready
+  /// (inside the gradient hook), so backward pauses for each bucket and
+  /// finish() has nothing left to wait for. For ranks that outnumber cores,
+  /// where a communication thread only takes turns with backward on the same
+  /// core and its collectives stall whenever a peer's thread is descheduled
+  /// (docs/torch-ddp.md, "Measured"). Errors are reported by finish() either way.
+  bool comm_thread = true;
   friend bool operator==(const reducer_options&, const reducer_options&) = default;
 };
 
@@ -112,7 +121,7 @@ inline std::ostream& operator<<(std::ostream& os, const reducer_options& o) {
   return os << "reducer_options{buckets=" << o.buckets << ", algorithm=" << o.algorithm << ", collective={"
             << o.collective << "}, divide_by_world_size=" << o.divide_by_world_size
             << ", compression=" << o.compression << ", gradient_as_bucket_view=" << o.gradient_as_bucket_view
-            << ", compute_stats=" << o.compute_stats << "}";
+            << ", compute_stats=" << o.compute_stats << ", comm_thread=" << o.comm_thread << "}";
 }
 
 /// What finish() reports.
@@ -539,6 +548,7 @@ private:
     std::fill(handles_.begin(), handles_.end(), collective_handle{});
     marked_count_ = 0;
     next_launch_ = 0;
+    inline_failed_ = false;
     order_.clear();
   }
 
@@ -616,7 +626,23 @@ private:
   void launch_ready() {
     while (next_launch_ < plan_.buckets.size() && remaining_[next_launch_] == 0) {
       const std::size_t b = next_launch_++;
-      handles_[b] = comm_.progress().submit([this, b] { reduce_bucket(b); });
+      if (opt_.comm_thread) {
+        handles_[b] = comm_.progress().submit([this, b] { reduce_bucket(b); });
+        continue;
+      }
+      // on this thread, now; a failure is kept for finish() like the
+      // communication thread's (and the buckets after it are not run)
+      auto st = std::make_shared<detail::task_state>();
+      st->done = true;
+      if (!inline_failed_) {
+        try {
+          reduce_bucket(b);
+        } catch (...) {
+          st->error = std::current_exception();
+          inline_failed_ = true;
+        }
+      }
+      handles_[b] = collective_handle(std::move(st));
     }
   }
 
@@ -740,6 +766,7 @@ private:
   detail::aligned_bytes scratch_;
   std::vector<std::size_t> remaining_;
   std::vector<collective_handle> handles_;
+  bool inline_failed_ = false; // comm_thread == false: a bucket's all-reduce failed this step
   std::vector<double> sumsq_;
   std::vector<double> bucket_sec_;
   std::vector<std::uint8_t> marked_;

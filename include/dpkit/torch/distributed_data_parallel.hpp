@@ -91,6 +91,11 @@ struct ddp_options {
   /// Compute all_finite and the global gradient norm in the reduction (one
   /// read pass per bucket on the communication thread, no communication).
   bool compute_stats = true;
+  /// Where each bucket's all-reduce runs (reducer_options::comm_thread):
+  /// true (DDP's way), on the transport's communication thread, overlapped
+  /// with backward; false, inside the gradient hook that makes the bucket
+  /// ready, on the backward thread (for ranks that outnumber cores).
+  bool comm_thread = true;
   /// All-reduce algorithm of every bucket.
   allreduce_policy algorithm{};
   /// Segment size, timeout and tag of every collective.
@@ -110,9 +115,11 @@ struct ddp_step_result {
   /// Parameters marked ready at finish() because they got no gradient on
   /// this rank (find_unused_parameters).
   std::size_t unused_parameters = 0;
-  /// Seconds from the last gradient hook of this backward (or from the call
-  /// of finish() if no hook ran) until the averaged gradients were in place:
-  /// the communication backward did not hide.
+  /// Seconds from the start of the last gradient hook's bucket handling in
+  /// this backward (or from the call of finish() if no hook ran) until the
+  /// averaged gradients were in place: the communication backward did not
+  /// hide (with comm_thread = false it includes the last bucket's all-reduce,
+  /// and every earlier bucket's lengthened backward itself).
   double exposed_seconds = 0;
   /// Seconds the last bucket's reduction took on the communication thread.
   double last_bucket_seconds = 0;
@@ -179,6 +186,7 @@ public:
     ro.collective = opt_.collective;
     ro.compression = opt_.comm_hook;
     ro.compute_stats = opt_.compute_stats;
+    ro.comm_thread = opt_.comm_thread;
     ro.gradient_as_bucket_view = true; // the wrapper writes every gradient into its bucket slot itself
     reducer_ = std::make_unique<gradient_reducer<C>>(comm_, std::move(infos), ro, names_);
     ready_.assign(params_.size(), 0);
@@ -410,10 +418,12 @@ private:
         auto bytes = reducer_->bucket_bytes(i);
         if (!bytes.empty()) std::memset(bytes.data(), 0, bytes.size());
       }
+      // taken before mark_ready: with comm_thread = false the bucket's
+      // all-reduce runs inside it, and it is not hidden by backward
+      last_hook_ = std::chrono::steady_clock::now();
       reducer_->mark_ready(i);
       ready_[i] = 1;
       ++ready_count_;
-      last_hook_ = std::chrono::steady_clock::now();
       any_hook_ = true;
     } catch (...) {
       hook_error_ = std::current_exception();
