@@ -414,11 +414,11 @@ TEST_CASE("gradient_reducer errors: typed, naming the parameter, no hang") {
     dpkit::inproc_world w(2);
     failures f;
     w.run([&](inproc& c) {
-      if (c.rank() == 1) return; // never joins the buckets' all-reduces
       auto o = small_opts();
       o.comm_thread = false;
       o.collective.timeout = std::chrono::milliseconds(500);
-      gradient_reducer<inproc> red(c, ps, o, names);
+      gradient_reducer<inproc> red(c, ps, o, names); // both ranks agree on the plan
+      if (c.rank() == 1) return; // then rank 1 never joins the buckets' all-reduces
       std::vector<float> g(10, 1.0f), h(2, 1.0f);
       try {
         for (std::size_t i : {2, 1, 0}) red.mark_ready(i, i == 2 ? h : g);
