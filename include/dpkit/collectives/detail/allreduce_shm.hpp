@@ -39,16 +39,12 @@ template <class C, element T>
 void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T* in, T* out, std::size_t count,
                        reduce_op op, const collective_options& o, shm_mode mode) {
   const int n = ctx.size, r = ctx.rank;
-  const std::size_t cap = seg.slot_bytes() / sizeof(T);
-  if (cap == 0) ctx.invalid("the shared segment's buffers are smaller than one element");
+  const std::size_t cap = shm_chunk_elems<T>(seg, ctx);
   shm_claim claim(seg, ctx);
   collective_scope<C> S(comm, ctx, coll_kind::allreduce, mode == shm_mode::one_shot ? "shm1" : "shm2",
                         element_type_of_v<T>, count, op, -1, o);
   if (count == 0) return;
-  if (n == 1) {
-    if (out != in) std::memcpy(static_cast<void*>(out), static_cast<const void*>(in), count * sizeof(T));
-    return;
-  }
+  if (n == 1) return shm_single_rank(in, out, count);
   shm_steps<C> st(comm, seg, S, ctx);
   for (std::size_t off = 0; off < count; off += cap) {
     const std::size_t m = std::min(cap, count - off);

@@ -21,15 +21,11 @@ template <class C, element T>
 void broadcast_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T* in, T* out, std::size_t count, int root,
                        const collective_options& o) {
   const int n = ctx.size, r = ctx.rank;
-  const std::size_t cap = seg.slot_bytes() / sizeof(T);
-  if (cap == 0) ctx.invalid("the shared segment's buffers are smaller than one element");
+  const std::size_t cap = shm_chunk_elems<T>(seg, ctx);
   shm_claim claim(seg, ctx);
   collective_scope<C> S(comm, ctx, coll_kind::broadcast, "shm", element_type_of_v<T>, count, std::nullopt, root, o);
   if (count == 0) return;
-  if (n == 1) {
-    if (out != in) std::memcpy(static_cast<void*>(out), static_cast<const void*>(in), count * sizeof(T));
-    return;
-  }
+  if (n == 1) return shm_single_rank(in, out, count);
   shm_steps<C> st(comm, seg, S, ctx);
   for (std::size_t off = 0; off < count; off += cap) {
     const std::size_t m = std::min(cap, count - off);
@@ -48,16 +44,11 @@ template <class C, element T>
 void reduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T* in, T* out, std::size_t count, reduce_op op,
                     int root, const collective_options& o) {
   const int n = ctx.size, r = ctx.rank;
-  const std::size_t cap = seg.slot_bytes() / sizeof(T);
-  if (cap == 0) ctx.invalid("the shared segment's buffers are smaller than one element");
+  const std::size_t cap = shm_chunk_elems<T>(seg, ctx);
   shm_claim claim(seg, ctx);
   collective_scope<C> S(comm, ctx, coll_kind::reduce, "shm", element_type_of_v<T>, count, op, root, o);
   if (count == 0) return;
-  if (n == 1) {
-    if (out != in) std::memcpy(static_cast<void*>(out), static_cast<const void*>(in), count * sizeof(T));
-    if (op == reduce_op::avg) divide_host(out, count, 1);
-    return;
-  }
+  if (n == 1) return shm_single_rank(in, out, count);
   shm_steps<C> st(comm, seg, S, ctx);
   for (std::size_t off = 0; off < count; off += cap) {
     const std::size_t m = std::min(cap, count - off);
@@ -75,16 +66,12 @@ template <class C, element T>
 void allgather_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T* in, T* out, std::size_t count,
                        const collective_options& o) {
   const int n = ctx.size, r = ctx.rank;
-  const std::size_t cap = seg.slot_bytes() / sizeof(T);
-  if (cap == 0) ctx.invalid("the shared segment's buffers are smaller than one element");
+  const std::size_t cap = shm_chunk_elems<T>(seg, ctx);
   shm_claim claim(seg, ctx);
   collective_scope<C> S(comm, ctx, coll_kind::allgather, "shm", element_type_of_v<T>, count, std::nullopt, -1, o);
   if (count == 0) return;
   T* own = out + static_cast<std::size_t>(r) * count;
-  if (n == 1) {
-    if (own != in) std::memcpy(static_cast<void*>(own), static_cast<const void*>(in), count * sizeof(T));
-    return;
-  }
+  if (n == 1) return shm_single_rank(in, own, count);
   shm_steps<C> st(comm, seg, S, ctx);
   for (std::size_t off = 0; off < count; off += cap) {
     const std::size_t m = std::min(cap, count - off);
@@ -109,18 +96,11 @@ void reduce_scatter_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, co
                             reduce_op op, const collective_options& o) {
   const int n = ctx.size, r = ctx.rank;
   const std::size_t nn = static_cast<std::size_t>(n);
-  const std::size_t cap = seg.slot_bytes() / sizeof(T) / nn;
-  if (cap == 0)
-    ctx.invalid("the shared segment's buffers (" + std::to_string(seg.slot_bytes()) + " bytes) hold fewer than " +
-                std::to_string(n) + " elements (one per rank)");
+  const std::size_t cap = shm_chunk_elems<T>(seg, ctx, nn);
   shm_claim claim(seg, ctx);
   collective_scope<C> S(comm, ctx, coll_kind::reduce_scatter, "shm", element_type_of_v<T>, count, op, -1, o);
   if (count == 0) return;
-  if (n == 1) {
-    if (out != in) std::memcpy(static_cast<void*>(out), static_cast<const void*>(in), count * sizeof(T));
-    if (op == reduce_op::avg) divide_host(out, count, 1);
-    return;
-  }
+  if (n == 1) return shm_single_rank(in, out, count);
   shm_steps<C> st(comm, seg, S, ctx);
   for (std::size_t off = 0; off < count; off += cap) {
     const std::size_t m = std::min(cap, count - off);

@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -136,6 +137,23 @@ private:
   int spins_;
   bool published_ = false;
 };
+
+/// Elements of T that one buffer of `seg` holds per rank share (`shares`
+/// shares per buffer); invalid_argument when not even one.
+template <element T>
+std::size_t shm_chunk_elems(const shm_segment& seg, const op_context& ctx, std::size_t shares = 1) {
+  const std::size_t cap = seg.slot_bytes() / sizeof(T) / shares;
+  if (cap == 0)
+    ctx.invalid("the shared segment's buffers (" + std::to_string(seg.slot_bytes()) + " bytes) hold fewer than " +
+                std::to_string(shares) + " element(s) per " + (shares == 1 ? "buffer" : "rank"));
+  return cap;
+}
+
+/// The one-rank result: out = in (op over one rank; avg divides by 1).
+template <element T>
+void shm_single_rank(const T* in, T* out, std::size_t count) {
+  if (out != in) std::memcpy(static_cast<void*>(out), static_cast<const void*>(in), count * sizeof(T));
+}
 
 /// Claims the transport's segment for one collective (one shm collective at a
 /// time per transport); releases it on destruction.
