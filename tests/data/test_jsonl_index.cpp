@@ -568,6 +568,8 @@ TEST_CASE("json_length_column: the batch extractor (document streams) gives the 
       "{\"n\":1}\n{\"n\":2} x\n",                        // trailing garbage
       "{\"n\":1}\n{\"n\":\"2\"}\n",                      // a string
       "{\"x\":{\"n\":5},\"n\":6}\n",                     // nested key of the same name
+      std::string("{\"n\0\":1}  \r\n", 12),                 // a NUL in a key: the first document fails (fuzz finding)
+      std::string("{\"n\":1}\n{\"a\0\":2}\n{\"n\":3}\n", 25), // ... a later one
       big,
       big_bad,
   };

@@ -109,12 +109,14 @@ inline length_column_spec json_length_column(std::string field, json_length_colu
       std::size_t i = 0;
       for (auto it = stream.begin(); it != stream.end(); ++it, ++i) {
         // document i lies within line i: starts after its start, ends before its '\\n'
-        const std::size_t at = it.current_index();
-        const std::size_t line_end = i + 1 < starts.size() ? starts[i + 1] - 1 : text.size();
-        if (i >= starts.size() || at < starts[i] || at + it.source().size() > line_end) return false;
+        // the document's error first: source() of a document that failed
+        // indexes simdjson's structural array at -1 (a read far out of bounds)
         simdjson::dom::element doc;
         simdjson::dom::object obj;
         if ((*it).get(doc) || doc.get_object().get(obj)) return false;
+        const std::size_t at = it.current_index();
+        const std::size_t line_end = i + 1 < starts.size() ? starts[i + 1] - 1 : text.size();
+        if (i >= starts.size() || at < starts[i] || at + it.source().size() > line_end) return false;
         simdjson::dom::element value;
         if (obj.at_key(field).get(value)) {
           if (options.missing == missing_field_policy::default_value) out[i] = options.default_value;
