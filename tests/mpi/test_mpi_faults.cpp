@@ -108,7 +108,7 @@ TEST_CASE("mpi mismatch: op, type, count, kind and root disagreements throw on e
       dpkit::barrier(c, o); // the root's sends completed: it learns at its next call
     });
     check_thrown_fast(r);
-    CHECK(someone_names(r, "broadcast(float, 100, root 0, tree, seq 0)", "allreduce(float, 100"));
+    CAPTURE(r.what); CHECK(someone_names(r, "broadcast(float, 100, root 0, tree, seq 0)", "allreduce(float, 100"));
   }
   SUBCASE("broadcast: ranks name different roots (checking on: each rank only sends, so only agreement sees it)") {
     const auto r = run_case(

@@ -90,7 +90,6 @@ struct mpi_shared {
   /// Records the first failure and tells every other rank (once).
   void fail_and_notify(const std::string& what, int kind, const fingerprint* fp = nullptr) {
     if (!health.fail(what)) return;
-    if (shm) shm->abort_all();
     notice.kind = kind;
     notice.rank = rank;
     notice.fp = fp ? *fp : health.current();
@@ -101,23 +100,45 @@ struct mpi_shared {
       if (MPI_Isend(&notice, sizeof notice, MPI_BYTE, p, control_tag, comm, &r) == MPI_SUCCESS)
         notice_sends.push_back(r);
     }
+    // The shm abort words last: a peer that stops on them and sends its own
+    // (less specific) notice does so after this one is on its way.
+    if (shm) shm->abort_all();
   }
   /// Handles a notice received from another rank: throws mismatch_error or
   /// peer_error (after failing this transport and telling the others).
   [[noreturn]] void on_notice(const mpi_notice& n) {
+    answer_mismatch(n);
+    // A peer's failure notice may be the echo of a mismatch another peer
+    // found in a call this rank has finished (a broadcast root that sent and
+    // went on): take the notices that have arrived too and answer such a
+    // mismatch first, so that peer names both calls.
+    for (int more = 0; more < size; ++more) {
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, control_tag, comm, &flag, &st);
+      if (!flag) break;
+      mpi_notice other;
+      MPI_Recv(&other, sizeof other, MPI_BYTE, st.MPI_SOURCE, control_tag, comm, MPI_STATUS_IGNORE);
+      answer_mismatch(other);
+    }
+    const std::string text(n.text, strnlen(n.text, sizeof n.text));
+    const std::string what = "rank " + std::to_string(n.rank) + " reported: " + text;
+    fail_and_notify(what, n.kind);
+    if (n.kind == 2) throw mismatch_error(what);
+    throw peer_error("mpi: rank " + std::to_string(rank) + " stops: " + what);
+  }
+  /// If notice n reports a mismatch at a sequence number where this rank ran
+  /// another call: fails the transport, sends this rank's side (its notice
+  /// carries that call's fingerprint) and throws mismatch_error naming both.
+  void answer_mismatch(const mpi_notice& n) {
     // What this rank ran at the sequence number the notice names (it may
     // have finished that collective already, e.g. a broadcast root).
     const fingerprint mine = n.fp.valid ? health.at(n.fp.seq, n.fp.stream) : fingerprint{};
-    const std::string text(n.text, strnlen(n.text, sizeof n.text));
     if (n.kind == 2 && n.fp.valid && mine.valid && !n.fp.same_call(mine)) {
       const std::string what = mismatch_text(n.rank, n.fp, rank, mine);
       fail_and_notify(what, 2, &mine);
       throw mismatch_error(what);
     }
-    const std::string what = "rank " + std::to_string(n.rank) + " reported: " + text;
-    fail_and_notify(what, n.kind);
-    if (n.kind == 2) throw mismatch_error(what);
-    throw peer_error("mpi: rank " + std::to_string(rank) + " stops: " + what);
   }
   /// Called by waits that have waited a while: takes a pending fault notice,
   /// and looks for a message from `peer` (or any rank, peer < 0) that belongs
@@ -158,7 +179,10 @@ struct mpi_shared {
       if (flag) {
         mpi_notice n;
         MPI_Recv(&n, sizeof n, MPI_BYTE, peer, control_tag, comm, MPI_STATUS_IGNORE);
-        if (n.fp.valid && !n.fp.same_call(mine)) throw mismatch_error(mismatch_text(rank, mine, n.rank, n.fp));
+        // its side only if the notice is about this call (a notice it sent
+        // for another reason carries a later call)
+        if (n.fp.valid && n.fp.seq == mine.seq && n.fp.stream == mine.stream && !n.fp.same_call(mine))
+          throw mismatch_error(mismatch_text(rank, mine, n.rank, n.fp));
         break;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
