@@ -387,3 +387,80 @@ TEST_CASE("policy: shm is chosen only when available and within shm_max_bytes") 
   CHECK(dpkit::parse_algorithm("shm") == dpkit::algorithm::shm);
   CHECK(dpkit::algorithm_name(dpkit::algorithm::shm) == "shm");
 }
+
+TEST_CASE("shm wait: a sleeper on a peer's futex is woken by its step and by abort_all, none is lost") {
+  // Waits that go to sleep at once (no spins, no yields) with long futex
+  // timeouts: each returns in time only if the store (or abort_all) woke it;
+  // without the wake every subcase fails (checked by removing it).
+  using dpkit::detail::shm_control;
+  alignas(64) static shm_control peer, mine;
+  peer.step.store(0);
+  peer.sleepers.store(0);
+  mine.abort.store(0);
+  const long sleep_us = 10'000'000;
+  const auto t0 = std::chrono::steady_clock::now();
+
+  SUBCASE("2000 ping-pongs between two threads") {
+    // a lost wake-up costs a 1 s timeout; the run gives up after 5 s
+    alignas(64) static shm_control echo;
+    echo.step.store(0);
+    echo.sleepers.store(0);
+    std::atomic<bool> stop{false};
+    constexpr std::uint64_t rounds = 2000;
+    std::thread other([&] {
+      for (std::uint64_t e = 1; e <= rounds && !stop; ++e) {
+        dpkit::detail::shm_wait([&] { return stop || peer.step.load(std::memory_order_acquire) >= e; }, [] {}, 0,
+                                &peer, 0, 1'000'000);
+        dpkit::detail::shm_publish_step(echo, e);
+      }
+    });
+    for (std::uint64_t e = 1; e <= rounds && !stop; ++e) {
+      dpkit::detail::shm_publish_step(peer, e);
+      dpkit::detail::shm_wait([&] { return stop || echo.step.load(std::memory_order_acquire) >= e; },
+                              [&] {
+                                if (std::chrono::steady_clock::now() - t0 > 5s) stop = true;
+                              },
+                              0, &echo, 0, 1'000'000);
+      if (stop) dpkit::detail::shm_publish_step(peer, rounds + 1); // release the other thread
+    }
+    other.join();
+    CHECK_FALSE(stop.load());
+    CHECK(echo.step.load() == rounds);
+  }
+  SUBCASE("abort_all wakes a sleeper, whose check() then throws") {
+    alignas(64) static std::byte region[2][dpkit::detail::shm_region_bytes(0) + 64];
+    dpkit::detail::shm_segment seg(0, {region[0], region[1]}, 0);
+    seg.reset_own();
+    dpkit::detail::shm_segment seg1(1, {region[0], region[1]}, 0);
+    seg1.reset_own();
+    std::atomic<bool> threw{false};
+    std::thread waiter([&] {
+      try {
+        dpkit::detail::shm_wait([&] { return seg.control(1).step.load() != 0; },
+                                [&] {
+                                  if (seg.aborted()) throw dpkit::peer_error("aborted");
+                                },
+                                0, &seg.control(1), 0, sleep_us);
+      } catch (const dpkit::peer_error&) {
+        threw = true;
+      }
+    });
+    while (seg.control(1).sleepers.load() == 0) std::this_thread::sleep_for(1ms);
+    std::this_thread::sleep_for(20ms); // inside the futex wait by now
+    seg1.abort_all();
+    waiter.join();
+    CHECK(threw.load());
+    CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  }
+  SUBCASE("a step published while the waiter sleeps wakes it") {
+    std::thread waiter([&] {
+      dpkit::detail::shm_wait([&] { return peer.step.load() >= 7; }, [] {}, 0, &peer, 0, sleep_us);
+    });
+    while (peer.sleepers.load() == 0) std::this_thread::sleep_for(1ms);
+    std::this_thread::sleep_for(20ms);
+    dpkit::detail::shm_publish_step(peer, 7);
+    waiter.join();
+    CHECK(peer.sleepers.load() == 0);
+    CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  }
+}

@@ -5,7 +5,8 @@
 // Protocol. Every rank keeps a step counter e in its control line. A step:
 // (1) the rank writes its own buffer (e + 1) % 2, (2) publishes e + 1 with a
 // release store, (3) waits (acquire) until every peer published >= e + 1,
-// (4) reads peers' buffers of that step. Every step waits for every peer, so
+// (4) reads peers' buffers of that step (a waiter that sleeps does so on a
+// futex over the peer's counter, which the peer wakes after its store). Every step waits for every peer, so
 // when a rank starts step e + 1 every peer has published e, i.e. finished
 // reading step e - 1, the last user of buffer (e + 1) % 2: two buffers make
 // back-to-back steps and back-to-back collectives safe without any extra
@@ -33,7 +34,8 @@ public:
   shm_steps(C& comm, shm_segment& seg, collective_scope<C>& S, const op_context& ctx)
       : comm_(comm), seg_(seg), S_(S), ctx_(ctx),
         e_(seg.control(ctx.rank).step.load(std::memory_order_relaxed) >> shm_hash_bits),
-        hash_(S.fp().hash() & shm_hash_mask), spins_(shm_spin_count(ctx.size)) {}
+        hash_(S.fp().hash() & shm_hash_mask), spins_(shm_spin_count(ctx.size)),
+        yields_(shm_yield_polls(ctx.size)) {}
 
   /// The buffer this rank writes for the next step (then publish()).
   int next_buffer() const noexcept { return static_cast<int>((e_ + 1) & 1u); }
@@ -45,7 +47,7 @@ public:
   /// and waits until every peer published it too.
   void step() {
     ++e_;
-    seg_.control(ctx_.rank).step.store((e_ << shm_hash_bits) | hash_, std::memory_order_release);
+    shm_publish_step(seg_.control(ctx_.rank), (e_ << shm_hash_bits) | hash_);
     for (int p = 0; p < ctx_.size; ++p)
       if (p != ctx_.rank) wait_for(p);
   }
@@ -75,7 +77,7 @@ private:
                                 std::to_string(p) + " at shared-memory step " + std::to_string(e_) + " (rank " +
                                 std::to_string(p) + " is at step " +
                                 std::to_string(word.load(std::memory_order_acquire) >> shm_hash_bits) + ")");
-        }, spins_);
+        }, spins_, &seg_.control(p), yields_);
       });
     }
     const std::uint64_t w = word.load(std::memory_order_acquire);
@@ -135,6 +137,7 @@ private:
   std::uint64_t e_;
   std::uint64_t hash_;
   int spins_;
+  unsigned yields_;
   bool published_ = false;
 };
 

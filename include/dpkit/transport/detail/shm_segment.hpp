@@ -24,12 +24,22 @@
 #include <thread>
 #include <vector>
 
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#endif
+
 namespace dpkit::detail {
 
 /// One rank's control line in the segment. `step` is the rank's step
 /// counter: (step number << 20) | (low 20 bits of the running collective's
-/// fingerprint hash); only its owner writes it (release), peers read it
-/// (acquire). `abort` is set (by any rank) when a collective failed, so
+/// fingerprint hash); only its owner writes it (seq_cst), peers read it
+/// (acquire). `sleepers` counts peers asleep on a futex over the low 32 bits
+/// of `step` (which change with every step): the owner wakes them after a
+/// store only when it is non-zero, so a wait that never sleeps costs no
+/// system call. `abort` is set (by any rank) when a collective failed, so
 /// waiters stop at once. `fp_words` hold the fingerprint of the collective
 /// the rank runs now (any algorithm), under the seqlock `fp_version` (odd
 /// while being written), so a rank waiting in a shm collective can name what
@@ -37,7 +47,8 @@ namespace dpkit::detail {
 inline constexpr std::size_t shm_fp_words = (sizeof(fingerprint) + 7) / 8;
 struct alignas(64) shm_control {
   std::atomic<std::uint64_t> step{0};
-  char pad0[56];
+  std::atomic<std::uint32_t> sleepers{0};
+  char pad0[52];
   std::atomic<std::uint32_t> abort{0};
   char pad1[60];
   std::atomic<std::uint64_t> fp_version{0};
@@ -50,8 +61,56 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 inline constexpr int shm_hash_bits = 20;
 inline constexpr std::uint64_t shm_hash_mask = (std::uint64_t{1} << shm_hash_bits) - 1;
 
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+
+/// The futex word over a step counter: its low 32 bits (bits 20-31 hold the
+/// step number's low 12 bits, so every step changes it). The kernel reads it;
+/// C++ code only touches the 64-bit atomic.
+inline std::uint32_t* shm_futex_word(std::atomic<std::uint64_t>& step) noexcept {
+  static_assert(sizeof(std::atomic<std::uint64_t>) == 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return reinterpret_cast<std::uint32_t*>(&step) + 1;
+#else
+  return reinterpret_cast<std::uint32_t*>(&step);
+#endif
+}
+
+/// Sleeps on the futex word `addr` while it holds `expected`, at most
+/// `timeout_us` microseconds (a shared, not process-private, futex: the
+/// segment is mapped by several processes). Returns early on a wake-up, a
+/// signal or a changed word; the caller re-checks its condition. Without
+/// futexes (not Linux): a plain sleep of the same length.
+inline void shm_futex_wait(std::uint32_t* addr, std::uint32_t expected, long timeout_us) noexcept {
+#if defined(__linux__)
+  const timespec ts{timeout_us / 1000000, (timeout_us % 1000000) * 1000};
+  syscall(SYS_futex, addr, FUTEX_WAIT, expected, &ts, nullptr, 0);
+#else
+  (void)addr;
+  (void)expected;
+  std::this_thread::sleep_for(std::chrono::microseconds(timeout_us));
+#endif
+}
+
+/// Wakes every waiter asleep on the futex word `addr`.
+inline void shm_futex_wake(std::uint32_t* addr) noexcept {
+#if defined(__linux__)
+  syscall(SYS_futex, addr, FUTEX_WAKE, 0x7fffffff, nullptr, nullptr, 0);
+#else
+  (void)addr;
+#endif
+}
+
+/// Stores `value` as rank c's step counter and wakes the peers asleep on it.
+/// The store is seq_cst so that it is ordered before the load of `sleepers`
+/// (a waiter increments `sleepers` before its last look at the counter:
+/// either it sees the new value or this sees the waiter).
+inline void shm_publish_step(shm_control& c, std::uint64_t value) noexcept {
+  c.step.store(value, std::memory_order_seq_cst);
+  if (c.sleepers.load(std::memory_order_seq_cst) != 0) shm_futex_wake(shm_futex_word(c.step));
+}
+
 /// Bytes of one rank's region for data buffers of `slot_bytes` each.
-inline std::size_t shm_region_bytes(std::size_t slot_bytes) noexcept {
+constexpr std::size_t shm_region_bytes(std::size_t slot_bytes) noexcept {
   return sizeof(shm_control) + 2 * ((slot_bytes + 63) / 64 * 64);
 }
 
@@ -85,12 +144,16 @@ public:
   /// Zeroes this rank's control line (before first use; callers synchronize after).
   void reset_own() const noexcept {
     control(rank_).step.store(0, std::memory_order_relaxed);
+    control(rank_).sleepers.store(0, std::memory_order_relaxed);
     control(rank_).abort.store(0, std::memory_order_relaxed);
     control(rank_).fp_version.store(0, std::memory_order_relaxed);
   }
-  /// Sets every rank's abort word (a collective on this segment failed).
+  /// Sets every rank's abort word (a collective on this segment failed) and
+  /// wakes every waiter asleep on any rank's step counter, so they see it now.
   void abort_all() const noexcept {
-    for (int p = 0; p < size(); ++p) control(p).abort.store(1, std::memory_order_release);
+    for (int p = 0; p < size(); ++p) control(p).abort.store(1, std::memory_order_seq_cst);
+    for (int p = 0; p < size(); ++p)
+      if (control(p).sleepers.load(std::memory_order_seq_cst) != 0) shm_futex_wake(shm_futex_word(control(p).step));
   }
   /// Publishes fp as what this rank runs now (its own control line).
   /// Threads of one rank may publish at once (a communication thread's wait
@@ -162,12 +225,31 @@ inline int shm_spin_count(int world_size) noexcept {
   return static_cast<unsigned>(world_size) <= cores ? 256 : 0;
 }
 
-/// Waits (`spins` pause-spins, then yield, then short sleeps) until
-/// `ready()`; every 16 polls after the spins it calls `check()` (which throws
-/// on deadline, abort or peer failure). Spinning is short or absent so that
-/// more ranks than cores still progress.
+/// How many yielding polls a wait does before it sleeps on the peer's futex:
+/// DPKIT_SHM_YIELDS if set (a tuning knob), else 2048 (0.5-5 ms of yields).
+/// Measured on 2 cores (docs/tuning.md "Waits"): a futex wake-up takes
+/// 10-30 us there, a yield that hands the core to the awaited rank about
+/// 1 us, so sleeping sooner made 3-4 oversubscribed ranks slower (8 B: 28 us
+/// when sleeping at once, 2-4 us with 16 or more yields); the futex is for
+/// waits that last (a late rank), which no longer burn a core.
+inline unsigned shm_yield_polls(int /*world_size*/) noexcept {
+  static const long from_env = [] {
+    const char* s = std::getenv("DPKIT_SHM_YIELDS");
+    return s && *s ? std::strtol(s, nullptr, 10) : -1L;
+  }();
+  return from_env >= 0 ? static_cast<unsigned>(from_env) : 2048u;
+}
+
+/// Waits until `ready()`: `spins` pause-spins, then polls with yields, then
+/// (after `yield_polls` of those, and only with `word`) sleeps on the futex
+/// over `word`'s step counter (shm_publish_step and abort_all wake it; each
+/// sleep at most `sleep_us`, 50 us sleeps without `word`). `check()` (which throws on deadline,
+/// abort or peer failure) runs every 16 polls and after every sleep. With
+/// more ranks than cores the caller passes no spins (a spinning rank would
+/// keep the core from the rank it waits for).
 template <class Ready, class Check>
-void shm_wait(Ready&& ready, Check&& check, int spins = 256) {
+void shm_wait(Ready&& ready, Check&& check, int spins = 256, shm_control* word = nullptr,
+              unsigned yield_polls = 2048, long sleep_us = 1000) {
   for (int i = 0; i < spins; ++i) {
     if (ready()) return;
 #if defined(__x86_64__) || defined(__i386__)
@@ -177,12 +259,20 @@ void shm_wait(Ready&& ready, Check&& check, int spins = 256) {
   const auto start = std::chrono::steady_clock::now();
   for (unsigned polls = 1;; ++polls) {
     if (ready()) return;
-    if ((polls & 15u) == 0) {
+    if ((polls & 15u) == 0) check();
+    if (word && polls >= yield_polls) {
+      word->sleepers.fetch_add(1, std::memory_order_seq_cst);
+      // the word as it is now, then one more look: a store after this load
+      // changes the futex word (the wait returns at once) and sees sleepers
+      const auto low = static_cast<std::uint32_t>(word->step.load(std::memory_order_seq_cst));
+      if (!ready()) shm_futex_wait(shm_futex_word(word->step), low, sleep_us);
+      word->sleepers.fetch_sub(1, std::memory_order_seq_cst);
       check();
-      if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(2)) {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-        continue;
-      }
+      continue;
+    }
+    if ((polls & 15u) == 0 && std::chrono::steady_clock::now() - start > std::chrono::milliseconds(2)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      continue;
     }
     std::this_thread::yield();
   }
