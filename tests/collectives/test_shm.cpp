@@ -14,6 +14,8 @@
 #include <cmath>
 #include <functional>
 #include <mutex>
+#include <numeric>
+#include <span>
 #include <random>
 #include <set>
 #include <thread>
@@ -255,6 +257,43 @@ TEST_CASE("automatic all-reduce picks shm when the transport has a segment, and 
       if (shm_bytes == 0) CHECK_THROWS_AS(dpkit::allreduce_shm(comm, v), dpkit::invalid_argument);
     });
     for (auto& a : algos) CHECK(a == (shm_bytes ? "shm1" : "tree"));
+  }
+}
+
+TEST_CASE("automatic broadcast, reduce, all-gather, reduce-scatter pick shm with a segment, tree or ring without") {
+  for (std::size_t shm_bytes : {std::size_t{0}, std::size_t{4096}}) {
+    CAPTURE(shm_bytes);
+    dpkit::inproc_world world(3, nullptr, shm_bytes);
+    std::vector<std::vector<std::string>> algos(3);
+    world.run([&](dpkit::inproc& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      const auto last = [&] {
+        const auto fp = comm.health().current();
+        algos[r].emplace_back(fp.algo, strnlen(fp.algo, sizeof fp.algo));
+      };
+      std::vector<std::int32_t> v(6, comm.rank() + 1), out(6), all(18);
+      dpkit::broadcast(comm, v, 1);
+      for (auto x : v) CHECK(x == 2);
+      last();
+      std::iota(v.begin(), v.end(), comm.rank());
+      dpkit::reduce(comm, v, out, dpkit::reduce_op::sum, 2);
+      if (r == 2)
+        for (std::size_t i = 0; i < 6; ++i) CHECK(out[i] == static_cast<std::int32_t>(3 * i + 3));
+      last();
+      dpkit::allgather(comm, v, all);
+      for (std::size_t i = 0; i < 18; ++i) CHECK(all[i] == static_cast<std::int32_t>(i / 6 + i % 6));
+      last();
+      dpkit::reduce_scatter(comm, all, out, dpkit::reduce_op::sum);
+      for (std::size_t i = 0; i < 6; ++i) CHECK(out[i] == static_cast<std::int32_t>(3 * (r + i)));
+      last();
+      std::vector<std::int32_t> mine(6);
+      dpkit::reduce_scatter(comm, all, std::span<std::int32_t>(mine), dpkit::reduce_op::sum);
+      for (std::size_t i = 0; i < 6; ++i) CHECK(mine[i] == static_cast<std::int32_t>(3 * (r + i)));
+      last();
+    });
+    const std::vector<std::string> want = shm_bytes ? std::vector<std::string>{"shm", "shm", "shm", "shm", "shm"}
+                                                    : std::vector<std::string>{"tree", "tree", "ring", "ring", "ring"};
+    for (auto& a : algos) CHECK(a == want);
   }
 }
 

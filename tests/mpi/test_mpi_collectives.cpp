@@ -118,8 +118,15 @@ TEST_CASE("mpi reduce_scatter, allgather, broadcast, reduce, barrier: dpkit's al
   dpkit::mpi comm(MPI_COMM_WORLD);
   const int n = comm.size(), r = comm.rank();
   const auto un = static_cast<std::size_t>(n);
-  for (dpkit::algorithm a : {dpkit::algorithm::automatic, dpkit::algorithm::native, dpkit::algorithm::shm})
+  // automatic (shm when the ranks share a node), ring/tree over messages,
+  // native, shm
+  for (int variant = 0; variant < 4; ++variant)
   for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{4099}}) {
+    const dpkit::algorithm a = variant == 0   ? dpkit::algorithm::automatic
+                               : variant == 1 ? dpkit::algorithm::ring
+                               : variant == 2 ? dpkit::algorithm::native
+                                              : dpkit::algorithm::shm;
+    const dpkit::algorithm rooted = variant == 1 ? dpkit::algorithm::tree : a; // broadcast, reduce
     CAPTURE(a);
     CAPTURE(count);
     dpkit::collective_options o;
@@ -155,12 +162,12 @@ TEST_CASE("mpi reduce_scatter, allgather, broadcast, reduce, barrier: dpkit's al
     for (int root = 0; root < n; ++root) {
       CAPTURE(root);
       std::vector<double> b(count, r == root ? 42.5 : -1.0);
-      dpkit::broadcast(comm, b, root, a, o);
+      dpkit::broadcast(comm, b, root, rooted, o);
       ok = true;
       for (double x : b) ok &= x == 42.5;
       CHECK(ok);
       std::vector<float> src(count, static_cast<float>(r + 1)), dst(r == root ? count : 0);
-      dpkit::reduce(comm, src, dst, dpkit::reduce_op::max, root, a, o);
+      dpkit::reduce(comm, src, dst, dpkit::reduce_op::max, root, rooted, o);
       ok = true;
       for (float x : dst) ok &= x == static_cast<float>(n);
       CHECK(ok);

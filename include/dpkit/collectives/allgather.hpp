@@ -1,7 +1,7 @@
 /// @file allgather.hpp
 /// @brief `allgather(comm, in, out, algorithm)`: all-gather with the algorithm
-/// chosen by the caller: ring (allgather_ring.hpp; also what `automatic`
-/// picks), shm (shm_collectives.hpp) or the transport's native one (MPI_Allgather, ncclAllGather).
+/// chosen by the caller: ring (allgather_ring.hpp), shm (shm_collectives.hpp;
+/// what `automatic` picks when the transport has a shared segment, else ring) or the transport's native one (MPI_Allgather, ncclAllGather).
 /// Semantics of ncclAllGather.
 #pragma once
 
@@ -14,14 +14,17 @@ namespace dpkit {
 /// Out-of-place all-gather: out[k * count + i] = rank k's in[i].
 /// @param in  count elements on every rank.
 /// @param out count x n elements, same element type and memory space.
-/// @param a   ring or automatic (ring), native, or shm (allgather_shm); tree does
+/// @param a   ring, native, shm (allgather_shm) or automatic (shm when the
+///            transport has a shared segment and the buffers are host memory,
+///            else ring); tree does
 ///            not exist here.
 /// @throws dpkit::invalid_argument (sizes, spaces, tree requested, native on a
 ///         transport without native collectives), dpkit::timeout_error.
 template <transport C, tensor In, tensor Out>
 void allgather(C& comm, const In& in, Out&& out, algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<In>;
-  if (a == algorithm::automatic || a == algorithm::ring) return allgather_ring(comm, in, out, o);
+  if (a == algorithm::automatic) a = detail::automatic_with_shm(comm, algorithm::ring, in, out);
+  if (a == algorithm::ring) return allgather_ring(comm, in, out, o);
   if (a == algorithm::shm) return allgather_shm(comm, in, out, o);
   const auto ctx = detail::make_context(comm, "allgather_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
@@ -39,7 +42,8 @@ void allgather(C& comm, const In& in, Out&& out, algorithm a = algorithm::automa
 template <transport C, tensor Tn>
 void allgather(C& comm, Tn&& t, algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<Tn>;
-  if (a == algorithm::automatic || a == algorithm::ring) return allgather_ring(comm, t, o);
+  if (a == algorithm::automatic) a = detail::automatic_with_shm(comm, algorithm::ring, t);
+  if (a == algorithm::ring) return allgather_ring(comm, t, o);
   if (a == algorithm::shm) return allgather_shm(comm, t, o);
   const auto ctx = detail::make_context(comm, "allgather_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));

@@ -1,7 +1,7 @@
 /// @file broadcast.hpp
 /// @brief `broadcast(comm, in, out, root, algorithm)`: broadcast with the
-/// algorithm chosen by the caller: tree (broadcast_tree.hpp; also what
-/// `automatic` picks), shm (shm_collectives.hpp) or the transport's native one (MPI_Bcast,
+/// algorithm chosen by the caller: tree (broadcast_tree.hpp), shm (shm_collectives.hpp;
+/// what `automatic` picks when the transport has a shared segment, else tree) or the transport's native one (MPI_Bcast,
 /// ncclBroadcast). Semantics of ncclBroadcast.
 #pragma once
 
@@ -15,7 +15,9 @@ namespace dpkit {
 /// @param in  count elements, read on root only (may be empty elsewhere).
 /// @param out count elements on every rank (on root: in's size).
 /// @param root rank in [0, world size).
-/// @param a   tree or automatic (tree), native, or shm (broadcast_shm); ring does
+/// @param a   tree, native, shm (broadcast_shm) or automatic (shm when the
+///            transport has a shared segment and the buffers are host memory,
+///            else tree); ring does
 ///            not exist here.
 /// @throws dpkit::invalid_argument (root, sizes, spaces, ring requested, native
 ///         on a transport without native collectives), dpkit::timeout_error.
@@ -23,7 +25,8 @@ template <transport C, tensor In, tensor Out>
 void broadcast(C& comm, const In& in, Out&& out, int root = 0, algorithm a = algorithm::automatic,
                const collective_options& o = {}) {
   using T = tensor_value_t<Out>;
-  if (a == algorithm::automatic || a == algorithm::tree) return broadcast_tree(comm, in, out, root, o);
+  if (a == algorithm::automatic) a = detail::automatic_with_shm(comm, algorithm::tree, in, out);
+  if (a == algorithm::tree) return broadcast_tree(comm, in, out, root, o);
   if (a == algorithm::shm) return broadcast_shm(comm, in, out, root, o);
   const auto ctx = detail::make_context(comm, "broadcast_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));

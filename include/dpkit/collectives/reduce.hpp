@@ -1,7 +1,7 @@
 /// @file reduce.hpp
 /// @brief `reduce(comm, in, out, op, root, algorithm)`: reduce to one rank with
-/// the algorithm chosen by the caller: tree (reduce_tree.hpp; also what
-/// `automatic` picks), shm (shm_collectives.hpp) or the transport's native one (MPI_Reduce, ncclReduce).
+/// the algorithm chosen by the caller: tree (reduce_tree.hpp), shm (shm_collectives.hpp;
+/// what `automatic` picks when the transport has a shared segment, else tree) or the transport's native one (MPI_Reduce, ncclReduce).
 /// Semantics of ncclReduce.
 #pragma once
 
@@ -15,7 +15,9 @@ namespace dpkit {
 /// @param in  count elements on every rank.
 /// @param out count elements on root (ignored elsewhere; may be empty there).
 /// @param op  sum, prod, min, max or avg (root divides by the world size).
-/// @param a   tree or automatic (tree), native, or shm (reduce_shm); ring does not
+/// @param a   tree, native, shm (reduce_shm) or automatic (shm when the
+///            transport has a shared segment and the buffers are host memory,
+///            else tree); ring does not
 ///            exist here.
 /// @throws dpkit::invalid_argument (root, sizes, spaces, ring requested, native
 ///         on a transport without native collectives), dpkit::timeout_error.
@@ -23,7 +25,8 @@ template <transport C, tensor In, tensor Out>
 void reduce(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum, int root = 0,
             algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<In>;
-  if (a == algorithm::automatic || a == algorithm::tree) return reduce_tree(comm, in, out, op, root, o);
+  if (a == algorithm::automatic) a = detail::automatic_with_shm(comm, algorithm::tree, in, out);
+  if (a == algorithm::tree) return reduce_tree(comm, in, out, op, root, o);
   if (a == algorithm::shm) return reduce_shm(comm, in, out, op, root, o);
   const auto ctx = detail::make_context(comm, "reduce_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));

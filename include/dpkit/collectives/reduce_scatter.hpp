@@ -1,7 +1,7 @@
 /// @file reduce_scatter.hpp
 /// @brief `reduce_scatter(comm, in, out, op, algorithm)`: reduce-scatter with
-/// the algorithm chosen by the caller: ring (reduce_scatter_ring.hpp; also what
-/// `automatic` picks), shm (shm_collectives.hpp) or the transport's native one (MPI_Reduce_scatter_block,
+/// the algorithm chosen by the caller: ring (reduce_scatter_ring.hpp), shm (shm_collectives.hpp;
+/// what `automatic` picks when the transport has a shared segment, else ring) or the transport's native one (MPI_Reduce_scatter_block,
 /// ncclReduceScatter). Semantics of ncclReduceScatter.
 #pragma once
 
@@ -15,7 +15,9 @@ namespace dpkit {
 /// @param in  count x n elements (n = world size) on every rank.
 /// @param out count elements, same element type and memory space.
 /// @param op  sum, prod, min, max or avg.
-/// @param a   ring or automatic (ring), native, or shm (reduce_scatter_shm); tree
+/// @param a   ring, native, shm (reduce_scatter_shm) or automatic (shm when the
+///            transport has a shared segment and the buffers are host memory,
+///            else ring); tree
 ///            does not exist here.
 /// Every rank must pass the same count, op, algorithm and options.
 /// @throws dpkit::invalid_argument (sizes, spaces, tree requested, native on a
@@ -24,7 +26,8 @@ template <transport C, tensor In, tensor Out>
 void reduce_scatter(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum,
                     algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<In>;
-  if (a == algorithm::automatic || a == algorithm::ring) return reduce_scatter_ring(comm, in, out, op, o);
+  if (a == algorithm::automatic) a = detail::automatic_with_shm(comm, algorithm::ring, in, out);
+  if (a == algorithm::ring) return reduce_scatter_ring(comm, in, out, op, o);
   if (a == algorithm::shm) return reduce_scatter_shm(comm, in, out, op, o);
   const auto ctx = detail::make_context(comm, "reduce_scatter_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
@@ -46,7 +49,8 @@ template <transport C, tensor Tn>
 void reduce_scatter(C& comm, Tn&& t, reduce_op op = reduce_op::sum, algorithm a = algorithm::automatic,
                     const collective_options& o = {}) {
   using T = tensor_value_t<Tn>;
-  if (a == algorithm::automatic || a == algorithm::ring) return reduce_scatter_ring(comm, t, op, o);
+  if (a == algorithm::automatic) a = detail::automatic_with_shm(comm, algorithm::ring, t);
+  if (a == algorithm::ring) return reduce_scatter_ring(comm, t, op, o);
   if (a == algorithm::shm) return reduce_scatter_shm(comm, t, op, o);
   const auto ctx = detail::make_context(comm, "reduce_scatter_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
