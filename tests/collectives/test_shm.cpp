@@ -261,38 +261,52 @@ TEST_CASE("automatic all-reduce picks shm when the transport has a segment, and 
 }
 
 TEST_CASE("automatic broadcast, reduce, all-gather, reduce-scatter pick shm with a segment, tree or ring without") {
-  for (std::size_t shm_bytes : {std::size_t{0}, std::size_t{4096}}) {
+  // 2 ranks: shm for all four with a segment, except all-gather from 16 KiB
+  // per rank (ring) and, only with more ranks than cores, broadcasts below
+  // 512 B (tree); tree or ring everywhere without a segment.
+  const bool oversubscribed = 2u > std::max(1u, std::thread::hardware_concurrency());
+  for (std::size_t shm_bytes : {std::size_t{0}, std::size_t{65536}}) {
     CAPTURE(shm_bytes);
-    dpkit::inproc_world world(3, nullptr, shm_bytes);
-    std::vector<std::vector<std::string>> algos(3);
+    dpkit::inproc_world world(2, nullptr, shm_bytes);
+    std::vector<std::vector<std::string>> algos(2);
     world.run([&](dpkit::inproc& comm) {
       const auto r = static_cast<std::size_t>(comm.rank());
       const auto last = [&] {
         const auto fp = comm.health().current();
         algos[r].emplace_back(fp.algo, strnlen(fp.algo, sizeof fp.algo));
       };
-      std::vector<std::int32_t> v(6, comm.rank() + 1), out(6), all(18);
+      const std::size_t k = 256, big = 4096; // 1 KiB and 16 KiB of int32
+      std::vector<std::int32_t> v(k, comm.rank() + 1), out(k), all(2 * k);
       dpkit::broadcast(comm, v, 1);
       for (auto x : v) CHECK(x == 2);
       last();
+      std::vector<std::int32_t> two(2, comm.rank() + 5); // 8 bytes
+      dpkit::broadcast(comm, two, 0);
+      CHECK(two == std::vector<std::int32_t>{5, 5});
+      last();
       std::iota(v.begin(), v.end(), comm.rank());
-      dpkit::reduce(comm, v, out, dpkit::reduce_op::sum, 2);
-      if (r == 2)
-        for (std::size_t i = 0; i < 6; ++i) CHECK(out[i] == static_cast<std::int32_t>(3 * i + 3));
+      dpkit::reduce(comm, v, out, dpkit::reduce_op::sum, 1);
+      if (r == 1)
+        for (std::size_t i = 0; i < k; ++i) CHECK(out[i] == static_cast<std::int32_t>(2 * i + 1));
       last();
       dpkit::allgather(comm, v, all);
-      for (std::size_t i = 0; i < 18; ++i) CHECK(all[i] == static_cast<std::int32_t>(i / 6 + i % 6));
+      for (std::size_t i = 0; i < 2 * k; ++i) CHECK(all[i] == static_cast<std::int32_t>(i / k + i % k));
+      last();
+      std::vector<std::int32_t> w(big, comm.rank()), wall(2 * big);
+      dpkit::allgather(comm, w, wall);
+      for (std::size_t i = 0; i < 2 * big; ++i) CHECK(wall[i] == static_cast<std::int32_t>(i / big));
       last();
       dpkit::reduce_scatter(comm, all, out, dpkit::reduce_op::sum);
-      for (std::size_t i = 0; i < 6; ++i) CHECK(out[i] == static_cast<std::int32_t>(3 * (r + i)));
+      for (std::size_t i = 0; i < k; ++i) CHECK(out[i] == static_cast<std::int32_t>(2 * (r + i)));
       last();
-      std::vector<std::int32_t> mine(6);
+      std::vector<std::int32_t> mine(k);
       dpkit::reduce_scatter(comm, all, std::span<std::int32_t>(mine), dpkit::reduce_op::sum);
-      for (std::size_t i = 0; i < 6; ++i) CHECK(mine[i] == static_cast<std::int32_t>(3 * (r + i)));
+      CHECK(mine == out);
       last();
     });
-    const std::vector<std::string> want = shm_bytes ? std::vector<std::string>{"shm", "shm", "shm", "shm", "shm"}
-                                                    : std::vector<std::string>{"tree", "tree", "ring", "ring", "ring"};
+    const std::vector<std::string> want =
+        shm_bytes ? std::vector<std::string>{"shm", oversubscribed ? "tree" : "shm", "shm", "shm", "ring", "shm", "shm"}
+                  : std::vector<std::string>{"tree", "tree", "tree", "ring", "ring", "ring", "ring"};
     for (auto& a : algos) CHECK(a == want);
   }
 }

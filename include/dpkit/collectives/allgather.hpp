@@ -16,14 +16,16 @@ namespace dpkit {
 /// @param out count x n elements, same element type and memory space.
 /// @param a   ring, native, shm (allgather_shm) or automatic (shm when the
 ///            transport has a shared segment and the buffers are host memory,
-///            else ring); tree does
+///            else ring; ring also where it measured faster:
+///            detail::automatic_with_shm, docs/tuning.md); tree does
 ///            not exist here.
 /// @throws dpkit::invalid_argument (sizes, spaces, tree requested, native on a
 ///         transport without native collectives), dpkit::timeout_error.
 template <transport C, tensor In, tensor Out>
 void allgather(C& comm, const In& in, Out&& out, algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<In>;
-  if (a == algorithm::automatic) a = detail::automatic_with_shm(comm, algorithm::ring, in, out);
+  if (a == algorithm::automatic)
+    a = detail::automatic_with_shm(comm, detail::coll_kind::allgather, size_of(in) * sizeof(T), algorithm::ring, in, out);
   if (a == algorithm::ring) return allgather_ring(comm, in, out, o);
   if (a == algorithm::shm) return allgather_shm(comm, in, out, o);
   const auto ctx = detail::make_context(comm, "allgather_native");
@@ -42,7 +44,8 @@ void allgather(C& comm, const In& in, Out&& out, algorithm a = algorithm::automa
 template <transport C, tensor Tn>
 void allgather(C& comm, Tn&& t, algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<Tn>;
-  if (a == algorithm::automatic) a = detail::automatic_with_shm(comm, algorithm::ring, t);
+  if (a == algorithm::automatic)
+    a = detail::automatic_with_shm(comm, detail::coll_kind::allgather, size_of(t) / static_cast<std::size_t>(comm.size()) * sizeof(T), algorithm::ring, t);
   if (a == algorithm::ring) return allgather_ring(comm, t, o);
   if (a == algorithm::shm) return allgather_shm(comm, t, o);
   const auto ctx = detail::make_context(comm, "allgather_native");

@@ -17,7 +17,8 @@ namespace dpkit {
 /// @param root rank in [0, world size).
 /// @param a   tree, native, shm (broadcast_shm) or automatic (shm when the
 ///            transport has a shared segment and the buffers are host memory,
-///            else tree); ring does
+///            else tree; tree also where it measured faster:
+///            detail::automatic_with_shm, docs/tuning.md); ring does
 ///            not exist here.
 /// @throws dpkit::invalid_argument (root, sizes, spaces, ring requested, native
 ///         on a transport without native collectives), dpkit::timeout_error.
@@ -25,7 +26,8 @@ template <transport C, tensor In, tensor Out>
 void broadcast(C& comm, const In& in, Out&& out, int root = 0, algorithm a = algorithm::automatic,
                const collective_options& o = {}) {
   using T = tensor_value_t<Out>;
-  if (a == algorithm::automatic) a = detail::automatic_with_shm(comm, algorithm::tree, in, out);
+  if (a == algorithm::automatic)
+    a = detail::automatic_with_shm(comm, detail::coll_kind::broadcast, size_of(out) * sizeof(T), algorithm::tree, in, out);
   if (a == algorithm::tree) return broadcast_tree(comm, in, out, root, o);
   if (a == algorithm::shm) return broadcast_shm(comm, in, out, root, o);
   const auto ctx = detail::make_context(comm, "broadcast_native");

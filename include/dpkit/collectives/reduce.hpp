@@ -17,7 +17,8 @@ namespace dpkit {
 /// @param op  sum, prod, min, max or avg (root divides by the world size).
 /// @param a   tree, native, shm (reduce_shm) or automatic (shm when the
 ///            transport has a shared segment and the buffers are host memory,
-///            else tree); ring does not
+///            else tree; tree also where it measured faster:
+///            detail::automatic_with_shm, docs/tuning.md); ring does not
 ///            exist here.
 /// @throws dpkit::invalid_argument (root, sizes, spaces, ring requested, native
 ///         on a transport without native collectives), dpkit::timeout_error.
@@ -25,7 +26,8 @@ template <transport C, tensor In, tensor Out>
 void reduce(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum, int root = 0,
             algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<In>;
-  if (a == algorithm::automatic) a = detail::automatic_with_shm(comm, algorithm::tree, in, out);
+  if (a == algorithm::automatic)
+    a = detail::automatic_with_shm(comm, detail::coll_kind::reduce, size_of(in) * sizeof(T), algorithm::tree, in, out);
   if (a == algorithm::tree) return reduce_tree(comm, in, out, op, root, o);
   if (a == algorithm::shm) return reduce_shm(comm, in, out, op, root, o);
   const auto ctx = detail::make_context(comm, "reduce_native");

@@ -17,7 +17,8 @@ namespace dpkit {
 /// @param op  sum, prod, min, max or avg.
 /// @param a   ring, native, shm (reduce_scatter_shm) or automatic (shm when the
 ///            transport has a shared segment and the buffers are host memory,
-///            else ring); tree
+///            else ring; ring also where it measured faster:
+///            detail::automatic_with_shm, docs/tuning.md); tree
 ///            does not exist here.
 /// Every rank must pass the same count, op, algorithm and options.
 /// @throws dpkit::invalid_argument (sizes, spaces, tree requested, native on a
@@ -26,7 +27,8 @@ template <transport C, tensor In, tensor Out>
 void reduce_scatter(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum,
                     algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<In>;
-  if (a == algorithm::automatic) a = detail::automatic_with_shm(comm, algorithm::ring, in, out);
+  if (a == algorithm::automatic)
+    a = detail::automatic_with_shm(comm, detail::coll_kind::reduce_scatter, size_of(in) / static_cast<std::size_t>(comm.size()) * sizeof(T), algorithm::ring, in, out);
   if (a == algorithm::ring) return reduce_scatter_ring(comm, in, out, op, o);
   if (a == algorithm::shm) return reduce_scatter_shm(comm, in, out, op, o);
   const auto ctx = detail::make_context(comm, "reduce_scatter_native");
@@ -49,7 +51,8 @@ template <transport C, tensor Tn>
 void reduce_scatter(C& comm, Tn&& t, reduce_op op = reduce_op::sum, algorithm a = algorithm::automatic,
                     const collective_options& o = {}) {
   using T = tensor_value_t<Tn>;
-  if (a == algorithm::automatic) a = detail::automatic_with_shm(comm, algorithm::ring, t);
+  if (a == algorithm::automatic)
+    a = detail::automatic_with_shm(comm, detail::coll_kind::reduce_scatter, size_of(t) / static_cast<std::size_t>(comm.size()) * sizeof(T), algorithm::ring, t);
   if (a == algorithm::ring) return reduce_scatter_ring(comm, t, op, o);
   if (a == algorithm::shm) return reduce_scatter_shm(comm, t, op, o);
   const auto ctx = detail::make_context(comm, "reduce_scatter_native");

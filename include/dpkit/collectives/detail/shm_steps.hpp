@@ -200,16 +200,42 @@ bool shm_available(C& comm) noexcept {
 }
 
 /// What algorithm::automatic runs for broadcast, reduce, all-gather and
-/// reduce-scatter: shm when the transport has a shared segment and every
-/// buffer is host memory, else `otherwise` (tree for the rooted ones, ring
-/// for the others). The same on every rank (the segment exists on all ranks
-/// or none). docs/tuning.md "Shared-memory broadcast, reduce, all-gather,
-/// reduce-scatter" has the runs behind it: shm ahead of tree, ring and
-/// native at np 2, 3 and 4 from 8 B to 8 MiB except where noted there.
+/// reduce-scatter (`kind`) of `bytes` bytes per rank (broadcast, reduce: the
+/// message; all-gather: one rank's part; reduce-scatter: one rank's result):
+/// shm when the transport has a shared segment and every buffer is host
+/// memory, except where tree (broadcast, reduce) or ring (all-gather) measured
+/// faster, else `otherwise` (tree for the rooted ones, ring for the others).
+/// From the np 2, 3, 4 runs in docs/tuning.md ("Shared-memory broadcast,
+/// reduce, all-gather, reduce-scatter", two runs each, 8 B to 8 MiB):
+/// - all-gather on 2 ranks from 16 KiB per rank: ring (shm copies each part
+///   twice, through the peer's freshly written cache lines: 0.2-0.8x native
+///   against the ring's 0.8-1.0x);
+/// - with more ranks than cores (every shm step waits for a rank that is not
+///   running; the tree's root and leaves wait less): broadcast below 512 B,
+///   reduce below 512 B and from 32 KiB to 1 MiB: tree.
+/// The choice is the same on every rank (same arguments; the segment exists
+/// on all ranks or none; one node, so one core count).
 template <class C, class... Tensors>
-algorithm automatic_with_shm(C& comm, algorithm otherwise, const Tensors&... buffers) noexcept {
-  if (shm_available(comm) && ((space_of(buffers) == memory_space::host) && ...)) return algorithm::shm;
-  return otherwise;
+algorithm automatic_with_shm(C& comm, coll_kind kind, std::size_t bytes, algorithm otherwise,
+                             const Tensors&... buffers) noexcept {
+  if (!shm_available(comm) || !((space_of(buffers) == memory_space::host) && ...)) return otherwise;
+  const int n = comm.size();
+  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const bool oversubscribed = static_cast<unsigned>(n) > cores;
+  switch (kind) {
+  case coll_kind::allgather:
+    if (n == 2 && bytes >= (std::size_t{16} << 10)) return otherwise;
+    break;
+  case coll_kind::broadcast:
+    if (oversubscribed && bytes < 512) return otherwise;
+    break;
+  case coll_kind::reduce:
+    if (oversubscribed && (bytes < 512 || (bytes >= (std::size_t{32} << 10) && bytes < (std::size_t{1} << 20))))
+      return otherwise;
+    break;
+  default: break;
+  }
+  return algorithm::shm;
 }
 
 } // namespace dpkit::detail
