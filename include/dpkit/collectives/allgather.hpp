@@ -1,7 +1,8 @@
 /// @file allgather.hpp
 /// @brief `allgather(comm, in, out, algorithm)`: all-gather with the algorithm
 /// chosen by the caller: ring (allgather_ring.hpp), shm (shm_collectives.hpp;
-/// what `automatic` picks when the transport has a shared segment, else ring) or the transport's native one (MPI_Allgather, ncclAllGather).
+/// what `automatic` picks when the transport has a shared segment, else ring)
+/// or the transport's native one (MPI_Allgather, ncclAllGather).
 /// Semantics of ncclAllGather.
 #pragma once
 
@@ -25,7 +26,8 @@ template <transport C, tensor In, tensor Out>
 void allgather(C& comm, const In& in, Out&& out, algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<In>;
   if (a == algorithm::automatic)
-    a = detail::automatic_with_shm(comm, detail::coll_kind::allgather, size_of(in) * sizeof(T), algorithm::ring, in, out);
+    a = detail::automatic_with_shm(comm, detail::coll_kind::allgather, size_of(in) * sizeof(T),
+                                   algorithm::ring, in, out);
   if (a == algorithm::ring) return allgather_ring(comm, in, out, o);
   if (a == algorithm::shm) return allgather_shm(comm, in, out, o);
   const auto ctx = detail::make_context(comm, "allgather_native");
@@ -44,8 +46,10 @@ void allgather(C& comm, const In& in, Out&& out, algorithm a = algorithm::automa
 template <transport C, tensor Tn>
 void allgather(C& comm, Tn&& t, algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<Tn>;
-  if (a == algorithm::automatic)
-    a = detail::automatic_with_shm(comm, detail::coll_kind::allgather, size_of(t) / static_cast<std::size_t>(comm.size()) * sizeof(T), algorithm::ring, t);
+  if (a == algorithm::automatic) {
+    const std::size_t per_rank = size_of(t) / static_cast<std::size_t>(comm.size()) * sizeof(T);
+    a = detail::automatic_with_shm(comm, detail::coll_kind::allgather, per_rank, algorithm::ring, t);
+  }
   if (a == algorithm::ring) return allgather_ring(comm, t, o);
   if (a == algorithm::shm) return allgather_shm(comm, t, o);
   const auto ctx = detail::make_context(comm, "allgather_native");

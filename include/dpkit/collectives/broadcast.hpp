@@ -1,7 +1,8 @@
 /// @file broadcast.hpp
 /// @brief `broadcast(comm, in, out, root, algorithm)`: broadcast with the
-/// algorithm chosen by the caller: tree (broadcast_tree.hpp), shm (shm_collectives.hpp;
-/// what `automatic` picks when the transport has a shared segment, else tree) or the transport's native one (MPI_Bcast,
+/// algorithm chosen by the caller: tree (broadcast_tree.hpp), shm
+/// (shm_collectives.hpp; what `automatic` picks when the transport has a
+/// shared segment, else tree) or the transport's native one (MPI_Bcast,
 /// ncclBroadcast). Semantics of ncclBroadcast.
 #pragma once
 
@@ -27,7 +28,8 @@ void broadcast(C& comm, const In& in, Out&& out, int root = 0, algorithm a = alg
                const collective_options& o = {}) {
   using T = tensor_value_t<Out>;
   if (a == algorithm::automatic)
-    a = detail::automatic_with_shm(comm, detail::coll_kind::broadcast, size_of(out) * sizeof(T), algorithm::tree, in, out);
+    a = detail::automatic_with_shm(comm, detail::coll_kind::broadcast, size_of(out) * sizeof(T),
+                                   algorithm::tree, in, out);
   if (a == algorithm::tree) return broadcast_tree(comm, in, out, root, o);
   if (a == algorithm::shm) return broadcast_shm(comm, in, out, root, o);
   const auto ctx = detail::make_context(comm, "broadcast_native");

@@ -1,7 +1,9 @@
 /// @file reduce.hpp
 /// @brief `reduce(comm, in, out, op, root, algorithm)`: reduce to one rank with
-/// the algorithm chosen by the caller: tree (reduce_tree.hpp), shm (shm_collectives.hpp;
-/// what `automatic` picks when the transport has a shared segment, else tree) or the transport's native one (MPI_Reduce, ncclReduce).
+/// the algorithm chosen by the caller: tree (reduce_tree.hpp), shm
+/// (shm_collectives.hpp; what `automatic` picks when the transport has a
+/// shared segment, else tree) or the transport's native one (MPI_Reduce,
+/// ncclReduce).
 /// Semantics of ncclReduce.
 #pragma once
 
@@ -27,7 +29,8 @@ void reduce(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum, int
             algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<In>;
   if (a == algorithm::automatic)
-    a = detail::automatic_with_shm(comm, detail::coll_kind::reduce, size_of(in) * sizeof(T), algorithm::tree, in, out);
+    a = detail::automatic_with_shm(comm, detail::coll_kind::reduce, size_of(in) * sizeof(T),
+                                   algorithm::tree, in, out);
   if (a == algorithm::tree) return reduce_tree(comm, in, out, op, root, o);
   if (a == algorithm::shm) return reduce_shm(comm, in, out, op, root, o);
   const auto ctx = detail::make_context(comm, "reduce_native");

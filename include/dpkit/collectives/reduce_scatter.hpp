@@ -1,8 +1,9 @@
 /// @file reduce_scatter.hpp
 /// @brief `reduce_scatter(comm, in, out, op, algorithm)`: reduce-scatter with
-/// the algorithm chosen by the caller: ring (reduce_scatter_ring.hpp), shm (shm_collectives.hpp;
-/// what `automatic` picks when the transport has a shared segment, else ring) or the transport's native one (MPI_Reduce_scatter_block,
-/// ncclReduceScatter). Semantics of ncclReduceScatter.
+/// the algorithm chosen by the caller: ring (reduce_scatter_ring.hpp), shm
+/// (shm_collectives.hpp; what `automatic` picks when the transport has a
+/// shared segment, else ring) or the transport's native one
+/// (MPI_Reduce_scatter_block, ncclReduceScatter). Semantics of ncclReduceScatter.
 #pragma once
 
 #include "policy.hpp"
@@ -27,8 +28,10 @@ template <transport C, tensor In, tensor Out>
 void reduce_scatter(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum,
                     algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<In>;
-  if (a == algorithm::automatic)
-    a = detail::automatic_with_shm(comm, detail::coll_kind::reduce_scatter, size_of(in) / static_cast<std::size_t>(comm.size()) * sizeof(T), algorithm::ring, in, out);
+  if (a == algorithm::automatic) {
+    const std::size_t per_rank = size_of(in) / static_cast<std::size_t>(comm.size()) * sizeof(T);
+    a = detail::automatic_with_shm(comm, detail::coll_kind::reduce_scatter, per_rank, algorithm::ring, in, out);
+  }
   if (a == algorithm::ring) return reduce_scatter_ring(comm, in, out, op, o);
   if (a == algorithm::shm) return reduce_scatter_shm(comm, in, out, op, o);
   const auto ctx = detail::make_context(comm, "reduce_scatter_native");
@@ -51,8 +54,10 @@ template <transport C, tensor Tn>
 void reduce_scatter(C& comm, Tn&& t, reduce_op op = reduce_op::sum, algorithm a = algorithm::automatic,
                     const collective_options& o = {}) {
   using T = tensor_value_t<Tn>;
-  if (a == algorithm::automatic)
-    a = detail::automatic_with_shm(comm, detail::coll_kind::reduce_scatter, size_of(t) / static_cast<std::size_t>(comm.size()) * sizeof(T), algorithm::ring, t);
+  if (a == algorithm::automatic) {
+    const std::size_t per_rank = size_of(t) / static_cast<std::size_t>(comm.size()) * sizeof(T);
+    a = detail::automatic_with_shm(comm, detail::coll_kind::reduce_scatter, per_rank, algorithm::ring, t);
+  }
   if (a == algorithm::ring) return reduce_scatter_ring(comm, t, op, o);
   if (a == algorithm::shm) return reduce_scatter_shm(comm, t, op, o);
   const auto ctx = detail::make_context(comm, "reduce_scatter_native");

@@ -6,8 +6,8 @@
 // (1) the rank writes its own buffer (e + 1) % 2, (2) publishes e + 1 with a
 // release store, (3) waits (acquire) until every peer published >= e + 1,
 // (4) reads peers' buffers of that step (a waiter that sleeps does so on a
-// futex over the peer's counter, which the peer wakes after its store). Every step waits for every peer, so
-// when a rank starts step e + 1 every peer has published e, i.e. finished
+// futex over the peer's counter, which the peer wakes after its store).
+// Every step waits for every peer, so when a rank starts step e + 1 every peer has published e, i.e. finished
 // reading step e - 1, the last user of buffer (e + 1) % 2: two buffers make
 // back-to-back steps and back-to-back collectives safe without any extra
 // barrier (DeepSpeed's rotating state values). The published word carries the
@@ -36,7 +36,7 @@ public:
       : comm_(comm), seg_(seg), S_(S), ctx_(ctx),
         e_(seg.control(ctx.rank).step.load(std::memory_order_relaxed) >> shm_hash_bits),
         hash_(S.fp().hash() & shm_hash_mask), spins_(shm_spin_count(ctx.size)),
-        yields_(shm_yield_polls(ctx.size)) {}
+        yields_(shm_yield_polls()) {}
 
   /// The buffer this rank writes for the next step (then publish()).
   int next_buffer() const noexcept { return static_cast<int>((e_ + 1) & 1u); }
@@ -220,8 +220,7 @@ algorithm automatic_with_shm(C& comm, coll_kind kind, std::size_t bytes, algorit
                              const Tensors&... buffers) noexcept {
   if (!shm_available(comm) || !((space_of(buffers) == memory_space::host) && ...)) return otherwise;
   const int n = comm.size();
-  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const bool oversubscribed = static_cast<unsigned>(n) > cores;
+  const bool oversubscribed = shm_oversubscribed(n);
   switch (kind) {
   case coll_kind::allgather:
     if (n == 2 && bytes >= (std::size_t{16} << 10)) return otherwise;

@@ -217,13 +217,18 @@ inline std::size_t shm_bytes_from_env(std::size_t fallback) {
   return static_cast<std::size_t>(v);
 }
 
+/// True when a world of `world_size` ranks on this node has more ranks than
+/// the machine has cores (hardware_concurrency; the same on every rank of a
+/// node).
+inline bool shm_oversubscribed(int world_size) noexcept {
+  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<unsigned>(world_size) > cores;
+}
+
 /// How many pause-spins a wait does before it yields: 256 when the world
 /// fits on the machine's cores, else none (a spinning rank would take the
 /// core from the peer it waits for).
-inline int shm_spin_count(int world_size) noexcept {
-  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return static_cast<unsigned>(world_size) <= cores ? 256 : 0;
-}
+inline int shm_spin_count(int world_size) noexcept { return shm_oversubscribed(world_size) ? 0 : 256; }
 
 /// How many yielding polls a wait does before it sleeps on the peer's futex:
 /// DPKIT_SHM_YIELDS if set (a tuning knob), else 2048 (0.5-5 ms of yields).
@@ -232,7 +237,7 @@ inline int shm_spin_count(int world_size) noexcept {
 /// 1 us, so sleeping sooner made 3-4 oversubscribed ranks slower (8 B: 28 us
 /// when sleeping at once, 2-4 us with 16 or more yields); the futex is for
 /// waits that last (a late rank), which no longer burn a core.
-inline unsigned shm_yield_polls(int /*world_size*/) noexcept {
+inline unsigned shm_yield_polls() noexcept {
   static const long from_env = [] {
     const char* s = std::getenv("DPKIT_SHM_YIELDS");
     return s && *s ? std::strtol(s, nullptr, 10) : -1L;
@@ -243,13 +248,13 @@ inline unsigned shm_yield_polls(int /*world_size*/) noexcept {
 /// Waits until `ready()`: `spins` pause-spins, then polls with yields, then
 /// (after `yield_polls` of those, and only with `word`) sleeps on the futex
 /// over `word`'s step counter (shm_publish_step and abort_all wake it; each
-/// sleep at most `sleep_us`, 50 us sleeps without `word`). `check()` (which throws on deadline,
-/// abort or peer failure) runs every 16 polls and after every sleep. With
-/// more ranks than cores the caller passes no spins (a spinning rank would
-/// keep the core from the rank it waits for).
+/// sleep at most `sleep_us`, 50 us sleeps without `word`). `check()` (which
+/// throws on deadline, abort or peer failure) runs every 16 polls and after
+/// every sleep. With more ranks than cores the caller passes no spins (a
+/// spinning rank would keep the core from the rank it waits for).
 template <class Ready, class Check>
 void shm_wait(Ready&& ready, Check&& check, int spins = 256, shm_control* word = nullptr,
-              unsigned yield_polls = 2048, long sleep_us = 1000) {
+              unsigned yield_polls = shm_yield_polls(), long sleep_us = 1000) {
   for (int i = 0; i < spins; ++i) {
     if (ready()) return;
 #if defined(__x86_64__) || defined(__i386__)
