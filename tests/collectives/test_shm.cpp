@@ -260,6 +260,34 @@ TEST_CASE("automatic all-reduce picks shm when the transport has a segment, and 
   }
 }
 
+TEST_CASE("allreduce_shm by size: one-shot up to the threshold of the world size, two-shot above") {
+  // Two ranks: one-shot up to 256 KiB; three or more: up to 64 KiB
+  // (allreduce_policy's defaults, docs/tuning.md). The fingerprint names the
+  // algorithm that ran; the result is checked against the exact sum.
+  for (int n : {2, 3}) {
+    const std::size_t limit = n == 2 ? dpkit::shm_one_shot_max_bytes_two_ranks_default
+                                     : dpkit::shm_one_shot_max_bytes_default;
+    for (std::size_t bytes : {limit, limit + 4}) {
+      CAPTURE(n);
+      CAPTURE(bytes);
+      dpkit::inproc_world world(n, nullptr, std::size_t{1} << 20);
+      std::vector<std::string> algos(static_cast<std::size_t>(n));
+      world.run([&](dpkit::inproc& comm) {
+        std::vector<std::int32_t> v(bytes / 4);
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int32_t>(i % 7) + comm.rank();
+        dpkit::allreduce(comm, v);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < v.size(); ++i)
+          bad += v[i] != static_cast<std::int32_t>(n * static_cast<int>(i % 7) + n * (n - 1) / 2);
+        CHECK(bad == 0);
+        const auto fp = comm.health().current();
+        algos[static_cast<std::size_t>(comm.rank())] = std::string(fp.algo, strnlen(fp.algo, sizeof fp.algo));
+      });
+      for (auto& a : algos) CHECK(a == (bytes <= limit ? "shm1" : "shm2"));
+    }
+  }
+}
+
 TEST_CASE("automatic broadcast, reduce, all-gather, reduce-scatter pick shm with a segment, tree or ring without") {
   // 2 ranks: shm for all four with a segment, except all-gather from 16 KiB
   // per rank (ring) and, only with more ranks than cores, broadcasts below

@@ -63,7 +63,7 @@ TEST_CASE("allreduce_policy: equality, printing, choose") {
   // Defaults measured with allreduce_perf (docs/tuning.md).
   CHECK(str(p) == "allreduce_policy{algo=automatic, tree_max_bytes=4096, tree_min_world=4, "
                   "tree_max_bytes_large_world=65536, use_shm=1, shm_max_bytes=18446744073709551615, "
-                  "shm_one_shot_max_bytes=65536}");
+                  "shm_one_shot_max_bytes=65536, shm_one_shot_max_bytes_two_ranks=262144}");
   dpkit::allreduce_policy ring{algorithm::ring};
   CHECK_FALSE(p == ring);
   CHECK(str(ring).find("algo=ring") != std::string::npos);

@@ -26,7 +26,9 @@ void allreduce(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum, 
                       space_of(out) == memory_space::host && detail::shm_available(comm);
   switch (policy.choose(size_of(in) * sizeof(T), n, shm_ok)) {
   case algorithm::tree: allreduce_tree(comm, in, out, op, o); return;
-  case algorithm::shm: allreduce_shm(comm, in, out, op, o, policy.shm_one_shot_max_bytes); return;
+  case algorithm::shm:
+    allreduce_shm(comm, in, out, op, o, policy.shm_one_shot_max_bytes, policy.shm_one_shot_max_bytes_two_ranks);
+    return;
   case algorithm::native: {
     const auto ctx = detail::make_context(comm, "allreduce_native");
     const auto ip_outp = detail::resolve_inout(comm, ctx, in, out, size_of(in));

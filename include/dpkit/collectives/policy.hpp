@@ -60,7 +60,8 @@ struct allreduce_policy {
   std::size_t tree_max_bytes_large_world = 64u << 10; ///< ...tree is used below this many bytes
   bool use_shm = true;                                ///< automatic may pick shm when available
   std::size_t shm_max_bytes = ~std::size_t{0};        ///< shm below or at this many bytes
-  std::size_t shm_one_shot_max_bytes = 64u << 10;     ///< shm: one-shot up to this, two-shot above
+  std::size_t shm_one_shot_max_bytes = 64u << 10;     ///< shm on 3+ ranks: one-shot up to this, two-shot above
+  std::size_t shm_one_shot_max_bytes_two_ranks = 256u << 10; ///< the same on 2 ranks
   friend bool operator==(const allreduce_policy&, const allreduce_policy&) = default;
 
   /// The concrete algorithm for a message of `bytes` bytes on `world_size`
@@ -79,7 +80,8 @@ inline std::ostream& operator<<(std::ostream& os, const allreduce_policy& p) {
   return os << "allreduce_policy{algo=" << p.algo << ", tree_max_bytes=" << p.tree_max_bytes
             << ", tree_min_world=" << p.tree_min_world << ", tree_max_bytes_large_world=" << p.tree_max_bytes_large_world
             << ", use_shm=" << p.use_shm << ", shm_max_bytes=" << p.shm_max_bytes
-            << ", shm_one_shot_max_bytes=" << p.shm_one_shot_max_bytes << "}";
+            << ", shm_one_shot_max_bytes=" << p.shm_one_shot_max_bytes
+            << ", shm_one_shot_max_bytes_two_ranks=" << p.shm_one_shot_max_bytes_two_ranks << "}";
 }
 
 } // namespace dpkit
