@@ -15,10 +15,20 @@
 #   scripts/bench_native.sh -R auto -I 1         # any allreduce_perf flag
 #   NP=4 scripts/bench_native.sh                 # more ranks (--oversubscribe)
 #   KEEP=dir scripts/bench_native.sh             # keep both runs' CSV and logs in dir
+#   ROUNDS=5 scripts/bench_native.sh             # 5 rounds of both runs, alternated
+#
+# With ROUNDS=k > 1 the two runs alternate k times (tuned, sm, tuned, sm, ...)
+# and every cell is the median over the k rounds of that cell; the last
+# column then also says in how many rounds auto was at least as fast as the
+# faster native of the same round. On a shared machine whose speed drifts
+# over seconds (this project's VM: whole runs 2-4x slower at times), one run
+# per column puts the drift into the ratios; alternated rounds and medians
+# give every column the same mix of fast and slow periods.
 #
 # Extra arguments are passed to both runs; a flag given there replaces the
-# default (-b 8 -e 256M -f 2 -d float -o sum -c 1). Environment: NP (2), BUILD (build), KEEP (a directory for the raw
-# files; default: a temporary one, removed).
+# default (-b 8 -e 256M -f 2 -d float -o sum -c 1). Environment: NP (2),
+# ROUNDS (1), BUILD (build), KEEP (a directory for the raw files; default: a
+# temporary one, removed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -55,13 +65,20 @@ run() { # name, -A value, extra mpirun args...
   grep -E '^# (Algorithm:|Out of bounds)' "$dir/$name.log" | paste - - | sed "s/^/# $name: /" >&2
 }
 EXTRA="$*"
-run tuned all
-run sm native --mca coll_sm_priority 100
-python3 - "$dir/tuned.csv" "$dir/sm.csv" "$NP" <<'EOF'
+ROUNDS=${ROUNDS:-1}
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "bench_native.sh: ROUNDS must be a positive integer, not '$ROUNDS'" >&2; exit 2; }
+for ((k = 1; k <= ROUNDS; ++k)); do
+  suffix=$([ "$ROUNDS" = 1 ] || echo ".$k")
+  run "tuned$suffix" all
+  run "sm$suffix" native --mca coll_sm_priority 100
+done
+python3 - "$dir" "$NP" "$ROUNDS" <<'EOF'
 import csv
+import statistics
 import sys
 
-tuned, sm, np = sys.argv[1], sys.argv[2], sys.argv[3]
+dir_, np, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+names = [""] if rounds == 1 else [f".{k}" for k in range(1, rounds + 1)]
 
 
 def load(path):
@@ -76,10 +93,11 @@ def load(path):
     return rows, algos
 
 
-t_rows, t_algos = load(tuned)
-s_rows, _ = load(sm)
+t_runs = [load(f"{dir_}/tuned{n}.csv") for n in names]
+s_runs = [load(f"{dir_}/sm{n}.csv")[0] for n in names]
+t_algos = t_runs[0][1]
 dpkit = [a for a in t_algos if a != "native"]
-sizes = sorted({s for (_, s) in t_rows})
+sizes = sorted({s for (_, s) in t_runs[0][0]})
 
 
 def human(n):
@@ -89,28 +107,50 @@ def human(n):
     return f"{n} B"
 
 
-def cell(rows, a, s, half):
+def one(rows, a, s, half):
     r = rows.get((a, s))
     return float(r[half + "_time_us"]) if r else None
+
+
+def cell(runs, a, s, half):
+    """The median over the rounds (the value itself for one round)."""
+    v = [x for x in (one(rows, a, s, half) for rows in runs) if x is not None]
+    return statistics.median(v) if v else None
+
+
+def best_native(k, s, half):
+    v = [x for x in (one(t_runs[k][0], "native", s, half), one(s_runs[k], "native", s, half)) if x is not None]
+    return min(v) if v else None
 
 
 def fmt(v):
     return "-" if v is None else (f"{v:.2f}" if v < 100 else f"{v:.1f}" if v < 10000 else f"{v:.0f}")
 
 
-wrong = sum(int(r[h + "_wrong"] or 0) for rows in (t_rows, s_rows) for r in rows.values() for h in ("oop", "ip"))
+all_rows = [rows for rows, _ in t_runs] + s_runs
+wrong = sum(int(r[h + "_wrong"] or 0) for rows in all_rows for r in rows.values() for h in ("oop", "ip"))
+t_only = [rows for rows, _ in t_runs]
+what = "time per op (us), slowest rank" + ("" if rounds == 1 else f", median of {rounds} alternated rounds")
 for half, title in (("oop", "out-of-place"), ("ip", "in-place")):
-    print(f"\n### allreduce, np={np}, float sum, {title}: time per op (us), slowest rank\n")
+    print(f"\n### allreduce, np={np}, float sum, {title}: {what}\n")
     cols = [f"dpkit {a}" for a in dpkit] + ["native tuned", "native sm", "auto / best native"]
+    if rounds > 1:
+        cols.append("rounds auto >= best native")
     print("| size | " + " | ".join(cols) + " |")
     print("|---:|" + "---:|" * len(cols))
     for s in sizes:
-        vals = [cell(t_rows, a, s, half) for a in dpkit]
-        nt, ns = cell(t_rows, "native", s, half), cell(s_rows, "native", s, half)
-        auto = cell(t_rows, "auto", s, half)
+        vals = [cell(t_only, a, s, half) for a in dpkit]
+        nt, ns = cell(t_only, "native", s, half), cell(s_runs, "native", s, half)
+        auto = cell(t_only, "auto", s, half)
         best = min(v for v in (nt, ns) if v is not None) if (nt or ns) else None
         ratio = f"{best / auto:.2f}x" if auto and best else "-"
-        print(f"| {human(s)} | " + " | ".join(fmt(v) for v in vals + [nt, ns]) + f" | {ratio} |")
-print(f"\n#wrong over both runs, every algorithm and size: {wrong}")
+        line = f"| {human(s)} | " + " | ".join(fmt(v) for v in vals + [nt, ns]) + f" | {ratio} |"
+        if rounds > 1:
+            wins = sum(1 for k in range(rounds)
+                       if one(t_only[k], "auto", s, half) is not None and best_native(k, s, half) is not None
+                       and one(t_only[k], "auto", s, half) <= best_native(k, s, half))
+            line += f" {wins}/{rounds} |"
+        print(line)
+print(f"\n#wrong over every run, algorithm and size: {wrong}")
 sys.exit(1 if wrong else 0)
 EOF
