@@ -146,9 +146,8 @@ for half, title in (("oop", "out-of-place"), ("ip", "in-place")):
         ratio = f"{best / auto:.2f}x" if auto and best else "-"
         line = f"| {human(s)} | " + " | ".join(fmt(v) for v in vals + [nt, ns]) + f" | {ratio} |"
         if rounds > 1:
-            wins = sum(1 for k in range(rounds)
-                       if one(t_only[k], "auto", s, half) is not None and best_native(k, s, half) is not None
-                       and one(t_only[k], "auto", s, half) <= best_native(k, s, half))
+            pairs = [(one(t_only[k], "auto", s, half), best_native(k, s, half)) for k in range(rounds)]
+            wins = sum(1 for a, b in pairs if a is not None and b is not None and a <= b)
             line += f" {wins}/{rounds} |"
         print(line)
 print(f"\n#wrong over every run, algorithm and size: {wrong}")

@@ -26,18 +26,11 @@
 #pragma once
 
 #include "detail/allreduce_shm.hpp"
+#include "policy.hpp"
 
 #include <optional>
 
 namespace dpkit {
-
-/// Messages up to this many bytes use the one-shot algorithm in
-/// allreduce_shm's default on 3 or more ranks (the crossover measured in
-/// docs/tuning.md).
-inline constexpr std::size_t shm_one_shot_max_bytes_default = 64u << 10;
-/// The same on 2 ranks (docs/tuning.md: two-shot ahead in place from 512 KiB,
-/// level out of place from 1 MiB).
-inline constexpr std::size_t shm_one_shot_max_bytes_two_ranks_default = 256u << 10;
 
 namespace detail {
 template <class C, tensor In, tensor Out>

@@ -46,6 +46,14 @@ inline algorithm parse_algorithm(std::string_view s) {
   throw invalid_argument("unknown algorithm '" + std::string(s) + "' (expected ring, tree, native, shm or automatic)");
 }
 
+/// Messages up to this many bytes use the one-shot shared-memory all-reduce
+/// (allreduce_shm, allreduce_policy) on 3 or more ranks, two-shot above (the
+/// crossover measured in docs/tuning.md).
+inline constexpr std::size_t shm_one_shot_max_bytes_default = 64u << 10;
+/// The same on 2 ranks (docs/tuning.md "Two-shot on two ranks": two-shot
+/// ahead in place from 512 KiB, level out of place from 2 MiB).
+inline constexpr std::size_t shm_one_shot_max_bytes_two_ranks_default = 256u << 10;
+
 /// All-reduce algorithm policy (regular aggregate; compares and prints).
 /// With algo == automatic: tree below `tree_max_bytes` per rank buffer (or
 /// always tree when the world size is at least `tree_min_world` and the message
@@ -60,8 +68,8 @@ struct allreduce_policy {
   std::size_t tree_max_bytes_large_world = 64u << 10; ///< ...tree is used below this many bytes
   bool use_shm = true;                                ///< automatic may pick shm when available
   std::size_t shm_max_bytes = ~std::size_t{0};        ///< shm below or at this many bytes
-  std::size_t shm_one_shot_max_bytes = 64u << 10;     ///< shm on 3+ ranks: one-shot up to this, two-shot above
-  std::size_t shm_one_shot_max_bytes_two_ranks = 256u << 10; ///< the same on 2 ranks
+  std::size_t shm_one_shot_max_bytes = shm_one_shot_max_bytes_default; ///< shm on 3+ ranks: one-shot up to this
+  std::size_t shm_one_shot_max_bytes_two_ranks = shm_one_shot_max_bytes_two_ranks_default; ///< the same on 2 ranks
   friend bool operator==(const allreduce_policy&, const allreduce_policy&) = default;
 
   /// The concrete algorithm for a message of `bytes` bytes on `world_size`
