@@ -510,6 +510,58 @@ TEST_CASE("jsonl_index: offsets and columns longer than the build's spill buffer
   }
 }
 
+TEST_CASE("jsonl_index: the batched length column over many runs (lines across run boundaries, one longer than a run)") {
+  // No blank lines and no skipping: the build hands runs of about
+  // column_batch_bytes (1 MiB) of whole lines to simdjson's document stream.
+  // Lines of 13 to ~600 bytes put line starts on every side of the run
+  // boundaries, one line of 1.5 MiB is longer than a run, and the last line
+  // has no newline. Reference: the line starts found by a plain loop over the
+  // bytes and the values written.
+  std::string content;
+  std::vector<std::uint64_t> starts;
+  std::vector<std::uint32_t> values;
+  for (std::uint32_t i = 0; i < 40000; ++i) {
+    starts.push_back(content.size());
+    values.push_back(i * 7919u % 100003u);
+    const std::string n = std::to_string(values.back());
+    const std::string eol = i % 11 == 0 ? "\r\n" : "\n";
+    std::string pad(i * 37u % 600u, 'x');
+    if (i == 20000) pad.assign(std::size_t{3} << 19, 'y'); // 1.5 MiB: a run on its own
+    // a line that ends exactly before a MiB boundary where one fits, so that
+    // the next starts on the boundary of two build threads' ranges
+    const std::size_t to_boundary = ((content.size() >> 20) + 1 << 20) - content.size();
+    const std::size_t fixed = 15 + n.size() + eol.size(); // {"pad":"",  "n":N}  eol
+    if (i != 20000 && to_boundary >= fixed && to_boundary - fixed <= 600) pad.assign(to_boundary - fixed, 'z');
+    content += "{\"pad\":\"" + pad + "\",\"n\":" + n + "}" + eol;
+  }
+  content.pop_back(); // the last line ("...}" after i % 11 != 0) has no newline
+  REQUIRE(content.size() > (std::size_t{12} << 20));
+  const fs::path src = tmp_dir() / "column-runs.jsonl";
+  data_test::write_file(src, content);
+  std::vector<std::uint64_t> ref;
+  for (std::uint64_t b = 0; b < content.size(); ++b)
+    if (b == 0 || content[b - 1] == '\n') ref.push_back(b);
+  REQUIRE(ref == starts);
+  std::size_t on_boundary = 0;
+  for (const auto b : starts) on_boundary += b > 0 && b % (std::size_t{1} << 20) == 0;
+  REQUIRE(on_boundary >= 8);
+  for (unsigned threads : {1u, 2u, 3u}) {
+    CAPTURE(threads);
+    dpkit::jsonl_index_build_options o;
+    o.threads = threads;
+    o.length_column = dpkit::json_length_column("n");
+    const auto res = dpkit::build_jsonl_index(src, o);
+    REQUIRE(res.lines == starts.size());
+    const auto idx = dpkit::jsonl_index::open(src);
+    REQUIRE(idx.size() == starts.size());
+    for (std::uint64_t k = 0; k < idx.size(); ++k) {
+      REQUIRE(idx.offset(k) == starts[k]);
+      REQUIRE(idx.lengths()[k] == values[k]);
+    }
+    CHECK(idx[idx.size() - 1].back() == '}');
+  }
+}
+
 TEST_CASE("jsonl_index::read_line: a replaced source is refused, not read") {
   const fs::path src = tmp_dir() / "read-line-replaced.jsonl";
   data_test::write_file(src, "{\"a\":1}\n{\"a\":2}\n");
