@@ -3,6 +3,8 @@
 // in its own forked process so that its peak RSS is its own:
 //   wc -l              the file, as a subprocess (the speed reference of the index build)
 //   index build        dpkit::build_jsonl_index with the num_tokens length column (-t threads)
+//   index write floor  writing as many bytes as the index has to a new file beside it (1 MiB
+//                      pwrites, then fsync as the build does): what no index build can beat
 //   torch.randperm(N)  dpkit::torch_randperm_fill into int64 (torch's C++ equivalent; the sampler's reference)
 //   rank               what one rank does: open the index (mapped, checksum not read), plan one
 //                      epoch of the token-budget sampler (sample_shuffle::feistel, all cores),
@@ -32,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -285,6 +288,33 @@ int main(int argc, char** argv) {
     row(("index build (-t " + std::to_string(threads) + ")").c_str(), b.r.seconds, b.cpu,
         fmt("%.2fx wc -l speed", t_wc / b.r.seconds) + fmt("; %.2fx", cpu_wc / b.cpu),
         b.peak_mib, fmt("index %.2f B/line", b.r.value[0] / static_cast<double>(n)) + fmt(", source %.2f B/line", bytes_per_line));
+    }
+
+    // 3b. the floor of any build of this index: writing its bytes (the
+    // offsets and the column; 12 bytes per line against the source's ~19)
+    // to a new unnamed file beside it, and fsync as the build does
+    {
+      const std::uint64_t index_bytes = fs::is_regular_file(index, ec) ? fs::file_size(index) : 12 * n;
+      const auto w = run_forked([&](phase_result& r) {
+        const fs::path dir = fs::absolute(index).parent_path();
+        const int fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+        if (fd < 0) throw std::runtime_error("scale_perf: cannot create an unnamed file in " + dir.string());
+        std::vector<char> block(std::size_t{1} << 20, 'Z');
+        const auto t0 = clock_type::now();
+        for (std::uint64_t at = 0; at < index_bytes;) {
+          const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(block.size(), index_bytes - at));
+          const ssize_t wr = ::pwrite(fd, block.data(), k, static_cast<off_t>(at));
+          if (wr <= 0) throw std::runtime_error("scale_perf: write failed in " + dir.string());
+          at += static_cast<std::uint64_t>(wr);
+        }
+        r.value[0] = seconds_since(t0);
+        ::fsync(fd);
+        r.seconds = seconds_since(t0);
+        ::close(fd);
+      });
+      row("index write floor (same bytes)", w.r.seconds, w.cpu, fmt("%.2fx wc -l speed", t_wc / w.r.seconds), w.peak_mib,
+          fmt("%.2f GB: ", static_cast<double>(index_bytes) / 1e9) + fmt("pwrite %.2f s", w.r.value[0]) +
+              fmt(" + fsync %.2f s", w.r.seconds - w.r.value[0]));
     }
 
     // 4. torch.randperm(N) (dpkit's bit-exact engine, int64 like torch's tensor)
