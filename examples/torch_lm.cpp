@@ -336,7 +336,7 @@ int run(const args& a) {
     std::fflush(stdout);
   }
 
-  double sum_step = 0, sum_exposed = 0, sum_last_bucket = 0, sum_tokens = 0;
+  double sum_step = 0, sum_exposed = 0, sum_exposed_last = 0, sum_skew = 0, sum_last_bucket = 0, sum_tokens = 0;
   std::int64_t timed = 0, skipped = 0;
   double first_loss = NAN, last_loss = NAN;
   for (std::int64_t step = start; step < a.steps; ++step) {
@@ -349,11 +349,14 @@ int run(const args& a) {
     auto loss = torch_lm::lm_loss(model, rows);
     loss.backward();
     double exposed = 0, last_bucket = 0;
+    clk::time_point backward_end = clk::now(), ready = backward_end; // steady_clock: one clock for the node's ranks
     bool finite = true;
     if (ddp) {
       const auto r = ddp->finish();
       exposed = r.exposed_seconds;
       last_bucket = r.last_bucket_seconds;
+      backward_end = r.backward_end;
+      ready = r.ready;
       finite = r.all_finite;
       if (finite && a.clip > 0) ddp->clip_grad_norm(a.clip);
     } else {
@@ -366,6 +369,8 @@ int run(const args& a) {
         }
       }
       exposed = since(tb);
+      backward_end = tb;
+      ready = clk::now();
       if (a.clip > 0) {
         const double norm = torch::nn::utils::clip_grad_norm_(model->parameters(), a.clip);
         finite = std::isfinite(norm);
@@ -375,24 +380,37 @@ int run(const args& a) {
     else ++skipped;
     const double step_s = since(t0);
     // Metrics: mean loss over ranks, tokens summed, times maxed (one small collective, for the log).
-    double m[5] = {loss.item<double>(), tokens, step_s, exposed, last_bucket};
-    std::vector<double> all(static_cast<std::size_t>(5 * world));
-    if (a.ddp != "none") MPI_Allgather(m, 5, MPI_DOUBLE, all.data(), 5, MPI_DOUBLE, MPI_COMM_WORLD);
-    else std::copy(m, m + 5, all.begin());
+    // Exposed two ways: the largest over ranks (a rank whose backward ended
+    // first also waits there for the slowest one), and after the last rank's
+    // backward (max ready - max backward end, on the node's shared clock): the
+    // communication nobody's computation hid. Skew: last - first backward end.
+    constexpr int nm = 7;
+    const auto secs = [](clk::time_point t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); };
+    double m[nm] = {loss.item<double>(), tokens, step_s, exposed, last_bucket, secs(backward_end), secs(ready)};
+    std::vector<double> all(static_cast<std::size_t>(nm * world));
+    if (a.ddp != "none") MPI_Allgather(m, nm, MPI_DOUBLE, all.data(), nm, MPI_DOUBLE, MPI_COMM_WORLD);
+    else std::copy(m, m + nm, all.begin());
     double gl = 0, gt = 0, gs = 0, ge = 0, gb = 0;
+    double end_max = -1e300, end_min = 1e300, ready_max = -1e300;
     for (int r = 0; r < world; ++r) {
-      const double* v = all.data() + 5 * r;
+      const double* v = all.data() + nm * r;
       gl += v[0] / world;
       gt += v[1];
       gs = std::max(gs, v[2]);
       ge = std::max(ge, v[3]);
       gb = std::max(gb, v[4]);
+      end_max = std::max(end_max, v[5]);
+      end_min = std::min(end_min, v[5]);
+      ready_max = std::max(ready_max, v[6]);
     }
+    const double gc = ready_max - end_max, gk = end_max - end_min;
     if (step == start) first_loss = gl;
     last_loss = gl;
     if (step - start >= a.warmup) {
       sum_step += gs;
       sum_exposed += ge;
+      sum_exposed_last += gc;
+      sum_skew += gk;
       sum_last_bucket += gb;
       sum_tokens += gt;
       ++timed;
@@ -414,14 +432,17 @@ int run(const args& a) {
   if (rank == 0) {
     const double n = static_cast<double>(std::max<std::int64_t>(timed, 1));
     std::printf("summary: ddp=%s ranks=%d first_loss=%.4f last_loss=%.4f step_ms=%.2f tokens_per_s=%.0f "
-                "exposed_comm_ms=%.3f last_bucket_ms=%.3f timed_steps=%lld skipped_steps=%lld\n",
+                "exposed_comm_ms=%.3f exposed_after_last_backward_ms=%.3f backward_skew_ms=%.3f last_bucket_ms=%.3f "
+                "timed_steps=%lld skipped_steps=%lld\n",
                 a.ddp.c_str(), world, first_loss, last_loss, 1e3 * sum_step / n, sum_tokens / std::max(sum_step, 1e-12),
-                1e3 * sum_exposed / n, 1e3 * sum_last_bucket / n, static_cast<long long>(timed), static_cast<long long>(skipped));
+                1e3 * sum_exposed / n, 1e3 * sum_exposed_last / n, 1e3 * sum_skew / n, 1e3 * sum_last_bucket / n,
+                static_cast<long long>(timed), static_cast<long long>(skipped));
     if (!a.json.empty()) {
       std::ofstream j(a.json);
       j << "{\"ddp\": \"" << a.ddp << "\", \"ranks\": " << world << ", \"first_loss\": " << first_loss
         << ", \"last_loss\": " << last_loss << ", \"step_s\": " << sum_step / n
         << ", \"tokens_per_s\": " << sum_tokens / std::max(sum_step, 1e-12) << ", \"exposed_s\": " << sum_exposed / n
+        << ", \"exposed_last_s\": " << sum_exposed_last / n << ", \"skew_s\": " << sum_skew / n
         << ", \"last_bucket_s\": " << sum_last_bucket / n << ", \"timed_steps\": " << timed << "}\n";
     }
   }

@@ -17,6 +17,7 @@
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -97,6 +98,7 @@ struct step_out {
   std::vector<std::vector<torch::Tensor>> grads;  // per step, after finish
   std::vector<torch::Tensor> params;              // after the last step
   std::vector<dpkit::ddp_step_result> results;
+  std::vector<std::chrono::steady_clock::time_point> before, after; // per step: before backward, after finish
 };
 
 } // namespace
@@ -202,8 +204,10 @@ TEST_CASE("distributed_data_parallel on 2 ranks equals single-process training o
       step_out out;
       for (int s = 0; s < steps; ++s) {
         opt.zero_grad();
+        out.before.push_back(std::chrono::steady_clock::now());
         torch_lm::lm_loss(m, rows_for(comm.rank(), s, rows, len, cfg.vocab)).backward();
         out.results.push_back(ddp.finish());
+        out.after.push_back(std::chrono::steady_clock::now());
         out.grads.push_back(grads_of(*m));
         if (view)
           for (std::size_t i = 0; i < ddp.parameters().size(); ++i) // the grad is the bucket slice
@@ -223,6 +227,13 @@ TEST_CASE("distributed_data_parallel on 2 ranks equals single-process training o
         CHECK(o.results[static_cast<std::size_t>(s)].synchronized);
         CHECK(o.results[static_cast<std::size_t>(s)].all_finite);
         CHECK(max_rel(o.grads[static_cast<std::size_t>(s)], sgrads[static_cast<std::size_t>(s)]) < 1e-5);
+        // the exposed interval lies inside this step: from the last hook of
+        // its backward to the gradients in place, before finish() returned
+        const auto& res = o.results[static_cast<std::size_t>(s)];
+        CHECK(o.before[static_cast<std::size_t>(s)] < res.backward_end);
+        CHECK(res.backward_end <= res.ready);
+        CHECK(res.ready <= o.after[static_cast<std::size_t>(s)]);
+        CHECK(res.exposed_seconds == std::chrono::duration<double>(res.ready - res.backward_end).count());
       }
       std::vector<torch::Tensor> sparams;
       for (const auto& p : single->parameters()) sparams.push_back(p.detach());

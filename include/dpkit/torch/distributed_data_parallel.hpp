@@ -123,6 +123,16 @@ struct ddp_step_result {
   double exposed_seconds = 0;
   /// Seconds the last bucket's reduction took on the communication thread.
   double last_bucket_seconds = 0;
+  /// When exposed_seconds starts (the last gradient hook's entry, or the call
+  /// of finish() if no hook ran) and ends (gradients in place), on
+  /// std::chrono::steady_clock (CLOCK_MONOTONIC on Linux: one clock for every
+  /// process of a node). With ranks whose backward ends at different times,
+  /// a rank's exposed_seconds includes waiting for the slowest rank's
+  /// gradients; the communication exposed after everyone's backward is
+  /// max over ranks of `ready` minus max over ranks of `backward_end`
+  /// (examples/torch_lm.cpp reports both).
+  std::chrono::steady_clock::time_point backward_end{};
+  std::chrono::steady_clock::time_point ready{};
 };
 
 namespace detail {
@@ -326,8 +336,9 @@ public:
     res.synchronized = r.synchronized;
     res.all_finite = r.all_finite;
     res.grad_norm = r.grad_norm;
-    res.exposed_seconds =
-        std::chrono::duration<double>(clock::now() - (any_hook_ ? last_hook_ : called)).count();
+    res.backward_end = any_hook_ ? last_hook_ : called;
+    res.ready = clock::now();
+    res.exposed_seconds = std::chrono::duration<double>(res.ready - res.backward_end).count();
     const auto& bs = reducer_->bucket_seconds();
     if (!bs.empty()) res.last_bucket_seconds = bs.back();
     last_ = res;
