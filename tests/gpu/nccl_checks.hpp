@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 namespace nccl_checks {
@@ -46,6 +48,25 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
+/// Where two results first differ, and how many elements differ (for the failure message).
+template <class T>
+std::string first_difference(const std::vector<T>& got, const std::vector<T>& want) {
+  if (got.size() != want.size()) return "sizes " + std::to_string(got.size()) + " and " + std::to_string(want.size());
+  std::size_t first = got.size(), count = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+      if (first == got.size()) first = i;
+      ++count;
+    }
+  if (count == 0) return "none";
+  const auto value = [](const T& x) {
+    if constexpr (std::is_same_v<T, dpkit::f16> || std::is_same_v<T, dpkit::bf16>) return static_cast<double>(static_cast<float>(x));
+    else return static_cast<double>(x);
+  };
+  return std::to_string(count) + " elements, first at " + std::to_string(first) + ": got " + std::to_string(value(got[first])) +
+         ", expected " + std::to_string(value(want[first]));
+}
+
 /// All-reduce with ring, tree and native on `comm` for type T equals the host.
 template <class T>
 void check_allreduce(dpkit::nccl& comm) {
@@ -65,8 +86,9 @@ void check_allreduce(dpkit::nccl& comm) {
         o.segment_bytes = 64 << 10;
         dpkit::allreduce(comm, in, out, op, dpkit::allreduce_policy{algo}, o);
         DPKIT_CUDA_CHECK(cudaStreamSynchronize(comm.stream()));
-        CHECK_MESSAGE(same_bits(out.to_host(), expected<T>(n, count, op)), "type ", dpkit::element_type_of_v<T>,
-                      " op ", op, " algo ", algo, " count ", count, " rank ", r, " of ", n);
+        const auto got = out.to_host(), want = expected<T>(n, count, op);
+        CHECK_MESSAGE(same_bits(got, want), "type ", dpkit::element_type_of_v<T>, " op ", op, " algo ", algo, " count ",
+                      count, " rank ", r, " of ", n, ", differences: ", first_difference(got, want));
       }
     }
   }

@@ -29,6 +29,8 @@ TEST_CASE("nccl (1 rank): async all-reduce, errors, no kernels") {
   auto bare = dpkit::nccl::single(0); // no kernels: native works, ring on device throws
   CHECK(bare.device() == nullptr);
   bare.native_allreduce(g.data(), g.data(), g.size(), dpkit::element_type::f32, dpkit::reduce_op::sum);
-  CHECK_NOTHROW(dpkit::allreduce_ring(bare, g)); // one rank: a copy, no kernels needed
+  // refused on one rank too (a copy would do there), so that a program that
+  // works on one GPU does not first fail at scale
+  CHECK_THROWS_AS(dpkit::allreduce_ring(bare, g), dpkit::invalid_argument);
   CHECK_THROWS_AS(dpkit::nccl::single(1000), dpkit::invalid_argument);
 }

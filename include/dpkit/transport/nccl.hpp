@@ -114,6 +114,17 @@ inline ncclRedOp_t nccl_reduce_op(reduce_op op) noexcept {
   return ncclSum;
 }
 
+/// The NCCL reduction to ask for on a communicator of `world` ranks: as
+/// nccl_reduce_op, except that avg on one rank is ncclSum (the same result,
+/// the input itself). NCCL up to 2.29.6 runs a one-rank ncclAvg of a
+/// floating type through its oneRankReduce kernel, which leaves the last
+/// count % (blocks) elements unwritten (NVIDIA/nccl#1950, fixed in 2.29.7;
+/// pytorch/pytorch#168092); a one-rank sum is a copy and unaffected. Seen on
+/// an H100 with NCCL 2.28.9: 4 of 1048581 elements left at 0.
+inline ncclRedOp_t nccl_reduce_op(reduce_op op, int world) noexcept {
+  return op == reduce_op::avg && world == 1 ? ncclSum : nccl_reduce_op(op);
+}
+
 /// Options of an nccl transport (a regular aggregate).
 struct nccl_options {
   /// The reduction-kernel table (dpkit::cuda_kernels(), which a .cu file
@@ -375,14 +386,14 @@ public:
   /// @throws dpkit::timeout_error (communicators aborted), dpkit::error.
   void native_allreduce(const void* in, void* out, std::size_t count, element_type t, reduce_op op) {
     run_native("ncclAllReduce", [&] {
-      return ncclAllReduce(in, out, count, nccl_data_type(t), nccl_reduce_op(op), st_->comm, st_->stream);
+      return ncclAllReduce(in, out, count, nccl_data_type(t), nccl_reduce_op(op, st_->size), st_->comm, st_->stream);
     });
   }
   /// ncclReduceScatter: `count` is the per-rank output count (in has
   /// count * size() elements). Waits as native_allreduce.
   void native_reduce_scatter(const void* in, void* out, std::size_t count, element_type t, reduce_op op) {
     run_native("ncclReduceScatter", [&] {
-      return ncclReduceScatter(in, out, count, nccl_data_type(t), nccl_reduce_op(op), st_->comm, st_->stream);
+      return ncclReduceScatter(in, out, count, nccl_data_type(t), nccl_reduce_op(op, st_->size), st_->comm, st_->stream);
     });
   }
   /// ncclAllGather: `count` is the per-rank input count (out has count *
@@ -405,7 +416,7 @@ public:
   void native_reduce(const void* in, void* out, std::size_t count, element_type t, reduce_op op, int root) {
     check_root(root, "native_reduce");
     run_native("ncclReduce", [&] {
-      return ncclReduce(in, out, count, nccl_data_type(t), nccl_reduce_op(op), root, st_->comm, st_->stream);
+      return ncclReduce(in, out, count, nccl_data_type(t), nccl_reduce_op(op, st_->size), root, st_->comm, st_->stream);
     });
   }
   /// Barrier: an ncclAllReduce of one int on a device scratch word, waited
