@@ -132,6 +132,27 @@ void check_native(dpkit::nccl& comm) {
     comm.native_reduce(in.data(), out.data(), count, t, dpkit::reduce_op::max, 0);
     if (r == 0) CHECK(same_bits(out.to_host(), expected<T>(n, count, dpkit::reduce_op::max)));
   }
+  // avg over a count that is no multiple of NCCL's block count: a one-rank
+  // ncclAvg leaves the tail unwritten in NCCL <= 2.29.6 (NVIDIA/nccl#1950);
+  // floating types only on one rank (ncclAvg pre-multiplies by 1/n there)
+  if (std::is_integral_v<T> || n == 1) {
+    const std::size_t big = (std::size_t{1} << 20) + 5;
+    auto in_h = input_for<T>(r, big * ns);
+    dpkit::device_buffer<T> in(big * ns), out(big * ns);
+    in.copy_from_host(in_h);
+    comm.native_reduce_scatter(in.data(), out.data(), big, t, dpkit::reduce_op::avg);
+    auto all = expected<T>(n, big * ns, dpkit::reduce_op::avg);
+    std::vector<T> want(all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * big),
+                        all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r + 1) * big));
+    auto got = out.to_host();
+    got.resize(big);
+    CHECK_MESSAGE(same_bits(got, want), "reduce-scatter avg: ", first_difference(got, want));
+    comm.native_reduce(in.data(), out.data(), big * ns, t, dpkit::reduce_op::avg, 0);
+    if (r == 0) {
+      const auto got2 = out.to_host();
+      CHECK_MESSAGE(same_bits(got2, all), "reduce avg: ", first_difference(got2, all));
+    }
+  }
   comm.native_barrier();
   CHECK_THROWS_AS(comm.native_broadcast(nullptr, nullptr, 0, t, n), dpkit::invalid_argument);
 }

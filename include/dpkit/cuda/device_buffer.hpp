@@ -28,7 +28,7 @@ namespace dpkit {
 
 /// Owning array of `size()` elements of T in device memory of one CUDA device.
 /// Contents are uninitialized after construction. Move-only; a moved-from
-/// buffer is empty. Copies to/from the host are synchronous (cudaMemcpy).
+/// buffer is empty. Copies to/from the host return when done (on this thread's default stream).
 template <element T>
 class device_buffer {
 public:
@@ -79,20 +79,31 @@ public:
   /// The device ordinal the memory lives on.
   int device() const noexcept { return device_; }
 
-  /// Copies host elements in (synchronous). Precondition: src.size() == size().
+  /// Copies host elements in; returns when the device memory holds them, for
+  /// every stream (cudaMemcpyAsync on this thread's default stream, then
+  /// cudaStreamSynchronize of it). A plain cudaMemcpy from pageable memory
+  /// may return before its DMA has landed, and work on a non-blocking stream
+  /// (the NCCL and inproc transports' own) then reads stale memory: seen on an
+  /// H100, the tail of a 1 MiB int8 input still zero when ncclAllReduce read it.
+  /// Precondition: src.size() == size().
   /// @throws dpkit::invalid_argument on a size mismatch, dpkit::error on a CUDA failure.
   void copy_from_host(std::span<const T> src) {
     check_size(src.size(), "copy_from_host");
     if (count_ == 0) return;
-    cuda_check(cudaMemcpy(ptr_, src.data(), bytes(), cudaMemcpyHostToDevice), "cudaMemcpy(host to device)");
+    cuda_check(cudaMemcpyAsync(ptr_, src.data(), bytes(), cudaMemcpyHostToDevice, cudaStreamPerThread),
+               "cudaMemcpyAsync(host to device)");
+    cuda_check(cudaStreamSynchronize(cudaStreamPerThread), "cudaStreamSynchronize(host to device)");
   }
-  /// Copies the elements out to host memory (synchronous). Precondition:
-  /// dst.size() == size().
+  /// Copies the elements out to host memory; returns when dst holds them. Work
+  /// enqueued on other streams (a transport's) must be waited for first.
+  /// Precondition: dst.size() == size().
   /// @throws dpkit::invalid_argument on a size mismatch, dpkit::error on a CUDA failure.
   void copy_to_host(std::span<T> dst) const {
     check_size(dst.size(), "copy_to_host");
     if (count_ == 0) return;
-    cuda_check(cudaMemcpy(dst.data(), ptr_, bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy(device to host)");
+    cuda_check(cudaMemcpyAsync(dst.data(), ptr_, bytes(), cudaMemcpyDeviceToHost, cudaStreamPerThread),
+               "cudaMemcpyAsync(device to host)");
+    cuda_check(cudaStreamSynchronize(cudaStreamPerThread), "cudaStreamSynchronize(device to host)");
   }
   /// The elements as a host vector (synchronous).
   /// @throws dpkit::error on a CUDA failure.
@@ -101,11 +112,14 @@ public:
     copy_to_host(v);
     return v;
   }
-  /// Sets every byte to `byte` (cudaMemset, synchronous).
+  /// Sets every byte to `byte`; returns when done (cudaMemset is
+  /// asynchronous for device memory: cudaMemsetAsync on this thread's default
+  /// stream, then cudaStreamSynchronize of it).
   /// @throws dpkit::error on a CUDA failure.
   void fill_bytes(unsigned char byte) {
     if (count_ == 0) return;
-    cuda_check(cudaMemset(ptr_, byte, bytes()), "cudaMemset");
+    cuda_check(cudaMemsetAsync(ptr_, byte, bytes(), cudaStreamPerThread), "cudaMemsetAsync");
+    cuda_check(cudaStreamSynchronize(cudaStreamPerThread), "cudaStreamSynchronize(memset)");
   }
 
 private:
