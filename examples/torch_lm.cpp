@@ -348,12 +348,11 @@ int run(const args& a) {
     opt.zero_grad();
     auto loss = torch_lm::lm_loss(model, rows);
     loss.backward();
-    double exposed = 0, last_bucket = 0;
+    double last_bucket = 0;
     clk::time_point backward_end = clk::now(), ready = backward_end; // steady_clock: one clock for the node's ranks
     bool finite = true;
     if (ddp) {
       const auto r = ddp->finish();
-      exposed = r.exposed_seconds;
       last_bucket = r.last_bucket_seconds;
       backward_end = r.backward_end;
       ready = r.ready;
@@ -368,7 +367,6 @@ int run(const args& a) {
           g.div_(world);
         }
       }
-      exposed = since(tb);
       backward_end = tb;
       ready = clk::now();
       if (a.clip > 0) {
@@ -379,6 +377,7 @@ int run(const args& a) {
     if (finite) opt.step();
     else ++skipped;
     const double step_s = since(t0);
+    const double exposed = std::chrono::duration<double>(ready - backward_end).count(); // = ddp_step_result::exposed_seconds
     // Metrics: mean loss over ranks, tokens summed, times maxed (one small collective, for the log).
     // Exposed two ways: the largest over ranks (a rank whose backward ended
     // first also waits there for the slowest one), and after the last rank's
