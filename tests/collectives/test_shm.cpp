@@ -288,42 +288,6 @@ TEST_CASE("allreduce_shm by size: one-shot up to the threshold of the world size
   }
 }
 
-TEST_CASE("two-shot pipelines its chunks: K chunks take K + 1 steps, and the sums stay exact") {
-  // Between two steps a rank copies chunk t-1's reduced slices out, reduces
-  // chunk t and copies chunk t+1 in (docs/algorithms.md): one chunk is two
-  // steps, K chunks K + 1 (unpipelined: 2K). The step counter each rank
-  // publishes in its control line counts them; the result is the exact sum.
-  const std::size_t buffer = 4096; // bytes per rank buffer: 1024 int32 per chunk
-  for (int n : {2, 3, 4}) {
-    for (std::size_t chunks : {std::size_t{1}, std::size_t{2}, std::size_t{5}}) {
-      const std::size_t count = (chunks - 1) * (buffer / 4) + 1 + static_cast<std::size_t>(n); // last chunk partial
-      CAPTURE(n);
-      CAPTURE(chunks);
-      dpkit::inproc_world world(n, nullptr, buffer);
-      std::vector<std::uint64_t> steps(static_cast<std::size_t>(n));
-      std::vector<std::size_t> bad(static_cast<std::size_t>(n));
-      world.run([&](dpkit::inproc& comm) {
-        const auto r = static_cast<std::size_t>(comm.rank());
-        std::vector<std::int32_t> in(count), out(count, -1);
-        for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<std::int32_t>((i * 7 + r) % 1000);
-        auto& word = comm.shm()->control(comm.rank()).step;
-        const auto before = word.load() >> dpkit::detail::shm_hash_bits;
-        dpkit::allreduce_shm_two_shot(comm, in, out);
-        steps[r] = (word.load() >> dpkit::detail::shm_hash_bits) - before;
-        for (std::size_t i = 0; i < count; ++i) {
-          std::int64_t e = 0;
-          for (int p = 0; p < n; ++p) e += static_cast<std::int64_t>((i * 7 + static_cast<std::size_t>(p)) % 1000);
-          bad[r] += out[i] != e;
-        }
-      });
-      for (int r = 0; r < n; ++r) {
-        CHECK(bad[static_cast<std::size_t>(r)] == 0);
-        CHECK(steps[static_cast<std::size_t>(r)] == chunks + 1);
-      }
-    }
-  }
-}
-
 TEST_CASE("automatic broadcast, reduce, all-gather, reduce-scatter pick shm with a segment, tree or ring without") {
   // 2 ranks: shm for all four with a segment, except all-gather from 16 KiB
   // per rank (ring) and, only with more ranks than cores, broadcasts below

@@ -13,10 +13,8 @@
 /// and every rank copies the peers' slices out: two synchronizations, count/n
 /// reduced elements per rank (a reduce-scatter and an all-gather over the
 /// shared slices). Messages larger than one buffer (DPKIT_SHM_BYTES, default 4 MiB
-/// for mpi, 256 KiB for inproc) go through in chunks; the two-shot pipelines
-/// them (chunk t-1's all-gather, chunk t's reduction and chunk t+1's copy-in
-/// between the same two steps: K chunks, K + 1 synchronizations). Two buffers
-/// per rank and numbered steps make back-to-back calls safe without a barrier.
+/// for mpi, 256 KiB for inproc) go through in chunks. Two buffers per rank and
+/// numbered steps make back-to-back calls safe without a barrier.
 ///
 /// Results are bitwise identical on every rank and from run to run: every
 /// element is reduced in rank order 0, 1, ..., n-1 (one-shot: by every rank
