@@ -376,7 +376,8 @@ def cmd_bench(a):
           f"every approach once, in the order below)")
     print("exposed: from the end of a rank's backward to its gradients in place, the largest over ranks (includes "
           "waiting for the slowest rank's backward); after last: from the end of the last rank's backward to the "
-          "last rank's gradients in place (the node's shared clock); skew: last minus first backward end")
+          "last rank's gradients in place (the node's shared clock); skew: last minus first backward end; last bucket: "
+          "the last bucket's all-reduce on the rank whose backward ended last (on the other it includes the skew)")
     print(f"{'approach':40} {'step ms':>9} {'tokens/s':>9} {'scaling':>8} {'exposed ms':>11} {'after last ms':>14} "
           f"{'skew ms':>8} {'last bucket ms':>15}")
     for k in order:

@@ -121,7 +121,9 @@ struct ddp_step_result {
   /// hide (with comm_thread = false it includes the last bucket's all-reduce,
   /// and every earlier bucket's lengthened backward itself).
   double exposed_seconds = 0;
-  /// Seconds the last bucket's reduction took on the communication thread.
+  /// Seconds the last bucket's reduction took on the communication thread
+  /// (or in the hook, without it), from its start on this rank: on a rank
+  /// that gets there before its peers this includes waiting for them.
   double last_bucket_seconds = 0;
   /// When exposed_seconds starts (the last gradient hook's entry, or the call
   /// of finish() if no hook ran) and ends (gradients in place), on
