@@ -45,8 +45,8 @@ using namespace dpkit::detail; // (shm_steps, chunk_range, shm_reduce_ranks)
 /// goes to that step's buffer, as the step protocol requires (shm_steps.hpp),
 /// so back-to-back collectives stay safe.
 template <class C, element T>
-void pipelined_two_shot(shm_steps<C>& st, const T* in, T* out, std::size_t count, std::size_t cap, int n,
-                                int r, reduce_op op) {
+void pipelined_two_shot(shm_steps<C>& st, const T* in, T* out, std::size_t count, std::size_t cap, int n, int r,
+                        reduce_op op) {
   const std::size_t chunks = (count + cap - 1) / cap;
   auto len_of = [&](std::size_t t) { return std::min(cap, count - t * cap); };
   auto region = [&](int p) { return chunk_range(cap, n, p).first; };
