@@ -336,7 +336,8 @@ int run(const args& a) {
     std::fflush(stdout);
   }
 
-  double sum_step = 0, sum_exposed = 0, sum_exposed_last = 0, sum_skew = 0, sum_last_bucket = 0, sum_tokens = 0;
+  double sum_step = 0, sum_exposed = 0, sum_exposed_last = 0, sum_exposed_compute = 0, sum_skew = 0,
+         sum_last_bucket = 0, sum_tokens = 0;
   std::int64_t timed = 0, skipped = 0;
   double first_loss = NAN, last_loss = NAN;
   for (std::int64_t step = start; step < a.steps; ++step) {
@@ -350,11 +351,13 @@ int run(const args& a) {
     loss.backward();
     double last_bucket = 0;
     clk::time_point backward_end = clk::now(), ready = backward_end; // steady_clock: one clock for the node's ranks
+    clk::time_point compute_end = backward_end;
     bool finite = true;
     if (ddp) {
       const auto r = ddp->finish();
       last_bucket = r.last_bucket_seconds;
       backward_end = r.backward_end;
+      compute_end = r.compute_end;
       ready = r.ready;
       finite = r.all_finite;
       if (finite && a.clip > 0) ddp->clip_grad_norm(a.clip);
@@ -367,7 +370,7 @@ int run(const args& a) {
           g.div_(world);
         }
       }
-      backward_end = tb;
+      backward_end = compute_end = tb; // its communication starts after backward returned
       ready = clk::now();
       if (a.clip > 0) {
         const double norm = torch::nn::utils::clip_grad_norm_(model->parameters(), a.clip);
@@ -386,14 +389,18 @@ int run(const args& a) {
     // The last bucket's all-reduce is the one of the rank whose backward ended
     // last: on the others it includes waiting for that rank's backward (the
     // skew), which would make any exposed time look small next to it.
-    constexpr int nm = 7;
+    // Also after the last rank's end of the backward graph task (max ready -
+    // max compute_end): where PyTorch DDP's logging puts the end of backward
+    // (ddp_step_result::compute_end).
+    constexpr int nm = 8;
     const auto secs = [](clk::time_point t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); };
-    double m[nm] = {loss.item<double>(), tokens, step_s, exposed, last_bucket, secs(backward_end), secs(ready)};
+    double m[nm] = {loss.item<double>(), tokens, step_s, exposed, last_bucket, secs(backward_end), secs(ready),
+                    secs(compute_end)};
     std::vector<double> all(static_cast<std::size_t>(nm * world));
     if (a.ddp != "none") MPI_Allgather(m, nm, MPI_DOUBLE, all.data(), nm, MPI_DOUBLE, MPI_COMM_WORLD);
     else std::copy(m, m + nm, all.begin());
     double gl = 0, gt = 0, gs = 0, ge = 0, gb = 0;
-    double end_max = -1e300, end_min = 1e300, ready_max = -1e300;
+    double end_max = -1e300, end_min = 1e300, ready_max = -1e300, compute_max = -1e300;
     for (int r = 0; r < world; ++r) {
       const double* v = all.data() + nm * r;
       gl += v[0] / world;
@@ -404,6 +411,7 @@ int run(const args& a) {
       end_max = std::max(end_max, v[5]);
       end_min = std::min(end_min, v[5]);
       ready_max = std::max(ready_max, v[6]);
+      compute_max = std::max(compute_max, v[7]);
     }
     const double gc = ready_max - end_max, gk = end_max - end_min;
     if (step == start) first_loss = gl;
@@ -412,6 +420,7 @@ int run(const args& a) {
       sum_step += gs;
       sum_exposed += ge;
       sum_exposed_last += gc;
+      sum_exposed_compute += ready_max - compute_max;
       sum_skew += gk;
       sum_last_bucket += gb;
       sum_tokens += gt;
@@ -434,17 +443,20 @@ int run(const args& a) {
   if (rank == 0) {
     const double n = static_cast<double>(std::max<std::int64_t>(timed, 1));
     std::printf("summary: ddp=%s ranks=%d first_loss=%.4f last_loss=%.4f step_ms=%.2f tokens_per_s=%.0f "
-                "exposed_comm_ms=%.3f exposed_after_last_backward_ms=%.3f backward_skew_ms=%.3f last_bucket_ms=%.3f "
+                "exposed_comm_ms=%.3f exposed_after_last_backward_ms=%.3f exposed_after_last_compute_end_ms=%.3f "
+                "backward_skew_ms=%.3f last_bucket_ms=%.3f "
                 "timed_steps=%lld skipped_steps=%lld\n",
                 a.ddp.c_str(), world, first_loss, last_loss, 1e3 * sum_step / n, sum_tokens / std::max(sum_step, 1e-12),
-                1e3 * sum_exposed / n, 1e3 * sum_exposed_last / n, 1e3 * sum_skew / n, 1e3 * sum_last_bucket / n,
+                1e3 * sum_exposed / n, 1e3 * sum_exposed_last / n, 1e3 * sum_exposed_compute / n, 1e3 * sum_skew / n,
+                1e3 * sum_last_bucket / n,
                 static_cast<long long>(timed), static_cast<long long>(skipped));
     if (!a.json.empty()) {
       std::ofstream j(a.json);
       j << "{\"ddp\": \"" << a.ddp << "\", \"ranks\": " << world << ", \"first_loss\": " << first_loss
         << ", \"last_loss\": " << last_loss << ", \"step_s\": " << sum_step / n
         << ", \"tokens_per_s\": " << sum_tokens / std::max(sum_step, 1e-12) << ", \"exposed_s\": " << sum_exposed / n
-        << ", \"exposed_last_s\": " << sum_exposed_last / n << ", \"skew_s\": " << sum_skew / n
+        << ", \"exposed_last_s\": " << sum_exposed_last / n
+        << ", \"exposed_compute_last_s\": " << sum_exposed_compute / n << ", \"skew_s\": " << sum_skew / n
         << ", \"last_bucket_s\": " << sum_last_bucket / n << ", \"timed_steps\": " << timed << "}\n";
     }
   }

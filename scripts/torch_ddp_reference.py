@@ -151,15 +151,30 @@ def _worker(rank, a, port, result_q):
                                               gradient_as_bucket_view=a.bucket_view)
     # Exposed communication: from the last gradient accumulator post hook
     # (after DDP's own hook on it) until backward() returns, which DDP's
-    # reducer delays until every bucket is reduced and copied back.
+    # reducer delays until every bucket is reduced and copied back. And from
+    # the end of the backward graph task, where DDP's reducer records
+    # kBackwardComputeEnd: a final callback queued at the first hook runs
+    # just before the one DDP queues at its last (callbacks run in order).
     last_hook = [0.0]
+    compute_end = [0.0]
+    queued = [False]
+
+    def stamp_compute_end():
+        compute_end[0] = time.perf_counter()
+
+    def on_accumulated(*unused):
+        last_hook[0] = time.perf_counter()
+        if not queued[0]:
+            queued[0] = True
+            torch.autograd.Variable._execution_engine.queue_callback(stamp_compute_end)
+
     accs = []
     for p in model.parameters():
         acc = p.expand_as(p).grad_fn.next_functions[0][0]
-        acc.register_hook(lambda *unused: last_hook.__setitem__(0, time.perf_counter()))
+        acc.register_hook(on_accumulated)
         accs.append(acc)
     opt = torch.optim.Adam(model.parameters(), lr=a.lr, foreach=False)
-    losses, times, exposed, exposed_last, skew, tokens = [], [], [], [], [], []
+    losses, times, exposed, exposed_last, exposed_compute, skew, tokens = [], [], [], [], [], [], []
     for step in range(steps):
         rows = batches[step]
         ntok = float((rows[:, 1:] >= 0).sum().item())
@@ -167,6 +182,7 @@ def _worker(rank, a, port, result_q):
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = lm_loss(ddp, rows)
+        queued[0] = False
         loss.backward()
         t_back = time.perf_counter()
         ex = t_back - last_hook[0]
@@ -179,8 +195,8 @@ def _worker(rank, a, port, result_q):
         dt = time.perf_counter() - t0
         # perf_counter is CLOCK_MONOTONIC on Linux, the clock of torch_lm's
         # steady_clock too: comparable across the node's processes
-        m = torch.tensor([loss.item(), ntok, dt, ex, last_hook[0], t_back], dtype=torch.float64)
-        gathered = [torch.zeros(6, dtype=torch.float64) for _ in range(world)]
+        m = torch.tensor([loss.item(), ntok, dt, ex, last_hook[0], t_back, compute_end[0]], dtype=torch.float64)
+        gathered = [torch.zeros(7, dtype=torch.float64) for _ in range(world)]
         dist.all_gather(gathered, m)
         gl = 0.0
         for g in gathered:
@@ -191,13 +207,14 @@ def _worker(rank, a, port, result_q):
         exposed.append(max(g[3].item() for g in gathered))
         ends = [g[4].item() for g in gathered]
         exposed_last.append(max(g[5].item() for g in gathered) - max(ends))
+        exposed_compute.append(max(g[5].item() for g in gathered) - max(g[6].item() for g in gathered))
         skew.append(max(ends) - min(ends))
         if rank == 0 and a.log_every > 0 and step % a.log_every == 0:
             print(f"pytorch-ddp step {step} loss {gl:.4f} step {1e3 * times[-1]:.1f} ms exposed_comm {1e3 * exposed[-1]:.2f} ms",
                   flush=True)
     if rank == 0:
-        result_q.put({"losses": losses, "times": times, "exposed": exposed, "exposed_last": exposed_last, "skew": skew,
-                      "tokens": tokens})
+        result_q.put({"losses": losses, "times": times, "exposed": exposed, "exposed_last": exposed_last,
+                      "exposed_compute_last": exposed_compute, "skew": skew, "tokens": tokens})
     dist.barrier()
     dist.destroy_process_group()
 
@@ -235,7 +252,8 @@ def summarize(res, warmup):
     t, k = res["times"][w:], res["tokens"][w:]
     mean = lambda key: sum(res[key][w:]) / len(t)
     return {"step_s": sum(t) / len(t), "tokens_per_s": sum(k) / sum(t), "exposed_s": mean("exposed"),
-            "exposed_last_s": mean("exposed_last"), "skew_s": mean("skew")}
+            "exposed_last_s": mean("exposed_last"), "exposed_compute_last_s": mean("exposed_compute_last"),
+            "skew_s": mean("skew")}
 
 
 def cmd_train(a):
@@ -347,57 +365,72 @@ def cmd_bench(a):
     work = a.workdir or tempfile.mkdtemp(prefix="dpkit_torch_bench_")
     # 1. batches and initial weights, from the corpus (one dpkit run).
     run_torch_lm(a, ["--steps", str(a.steps), "--dump", work, "--log-every", "0"])
+    gloo, pp = "PyTorch DDP, gloo (2 processes)", "per-parameter MPI_Allreduce (2 ranks)"
+    order = ["dpkit DDP (2 ranks)", "dpkit DDP, no comm thread (2 ranks)", gloo, pp, "one rank alone"]
+    extras = {order[0]: (["--ddp", "dpkit", "--algorithm", a.algorithm], 2),
+              order[1]: (["--ddp", "dpkit", "--algorithm", a.algorithm, "--no-comm-thread"], 2),
+              pp: (["--ddp", "per-param"], 2),
+              "one rank alone": (["--ddp", "none", "--as-rank", "0"], 0)}
     rows = {}
     for rep in range(a.repeat):
-        for name, extra, np in [("dpkit DDP (2 ranks)", ["--ddp", "dpkit", "--algorithm", a.algorithm], 2),
-                                ("dpkit DDP, no comm thread (2 ranks)",
-                                 ["--ddp", "dpkit", "--algorithm", a.algorithm, "--no-comm-thread"], 2),
-                                ("per-parameter MPI_Allreduce (2 ranks)", ["--ddp", "per-param"], 2),
-                                ("one rank alone", ["--ddp", "none", "--as-rank", "0"], 0)]:
-            j = os.path.join(work, f"row{len(rows)}_{rep}.json")
+        # each round runs every approach once; the order rotates from round to
+        # round so that no approach always runs first or after the same one
+        for name in order[rep % len(order):] + order[:rep % len(order)]:
+            if name == gloo:
+                a.data = work
+                a.world = 2
+                res = train(a)
+                rows.setdefault(name, []).append(dict(summarize(res, a.warmup), last_bucket_s=float("nan")))
+                continue
+            extra, np = extras[name]
+            j = os.path.join(work, f"row{order.index(name)}_{rep}.json")
             run_torch_lm(a, extra + ["--steps", str(a.steps), "--batches", work, "--json", j, "--warmup",
                                      str(a.warmup), "--log-every", "0"], np)
             with open(j) as f:
                 rows.setdefault(name, []).append(json.load(f))
-        a.data = work
-        a.world = 2
-        res = train(a)
-        s = summarize(res, a.warmup)
-        rows.setdefault("PyTorch DDP, gloo (2 processes)", []).append(dict(s, last_bucket_s=float("nan")))
-        if rep == 0:
-            print(f"dpkit DDP rows use --algorithm {a.algorithm}", flush=True)
-    fields = ("step_s", "tokens_per_s", "exposed_s", "exposed_last_s", "skew_s", "last_bucket_s")
+    print(f"dpkit DDP rows use --algorithm {a.algorithm}", flush=True)
+    fields = ("step_s", "tokens_per_s", "exposed_s", "exposed_last_s", "exposed_compute_last_s", "skew_s",
+              "last_bucket_s")
     med = {k: {f: statistics.median(r.get(f, float("nan")) for r in v) for f in fields} for k, v in rows.items()}
     single = med["one rank alone"]["tokens_per_s"]
-    order = ["dpkit DDP (2 ranks)", "dpkit DDP, no comm thread (2 ranks)", "PyTorch DDP, gloo (2 processes)",
-             "per-parameter MPI_Allreduce (2 ranks)", "one rank alone"]
     print(f"\nmodel from {work}/init.bin, {a.steps} steps ({a.warmup} warm-up steps not timed), bucket_cap_mb "
           f"{a.bucket_cap_mb}, gradient_as_bucket_view {a.bucket_view}, median of {a.repeat} round(s) (each round runs "
-          f"every approach once, in the order below)")
-    print("exposed: from the end of a rank's backward to its gradients in place, the largest over ranks (includes "
-          "waiting for the slowest rank's backward); after last: from the end of the last rank's backward to the "
-          "last rank's gradients in place (the node's shared clock); skew: last minus first backward end; last bucket: "
-          "the last bucket's all-reduce on the rank whose backward ended last (on the other it includes the skew)")
+          f"every approach once, the order rotating from round to round)")
+    print("exposed: from the end of a rank's backward (its last gradient hook) to its gradients in place, the largest "
+          "over ranks (includes waiting for the slowest rank's backward); after last: from the last gradient hook of "
+          "the last rank's backward to the last rank's gradients in place (the node's shared clock); after end: the "
+          "same from the end of the last rank's backward graph task, where PyTorch DDP's reducer records "
+          "kBackwardComputeEnd (its logging's non-overlapped communication); skew: last minus first backward end; "
+          "last bucket: the last bucket's all-reduce on the rank whose backward ended last (on the other it includes "
+          "the skew)")
     print(f"{'approach':40} {'step ms':>9} {'tokens/s':>9} {'scaling':>8} {'exposed ms':>11} {'after last ms':>14} "
-          f"{'skew ms':>8} {'last bucket ms':>15}")
+          f"{'after end ms':>13} {'skew ms':>8} {'last bucket ms':>15}")
     for k in order:
         m = med[k]
         eff = m["tokens_per_s"] / (2 * single) if k != "one rank alone" else 1.0
         lb = "" if math.isnan(m["last_bucket_s"]) or not k.startswith("dpkit") else f"{1e3 * m['last_bucket_s']:.2f}"
         print(f"{k:40} {1e3 * m['step_s']:9.1f} {m['tokens_per_s']:9.0f} {eff:8.2f} {1e3 * m['exposed_s']:11.2f} "
-              f"{1e3 * m['exposed_last_s']:14.2f} {1e3 * m['skew_s']:8.2f} {lb:>15}")
-    gloo, pp = "PyTorch DDP, gloo (2 processes)", "per-parameter MPI_Allreduce (2 ranks)"
+              f"{1e3 * m['exposed_last_s']:14.2f} {1e3 * m['exposed_compute_last_s']:13.2f} {1e3 * m['skew_s']:8.2f} "
+              f"{lb:>15}")
     p, q = med[gloo], med[pp]
-    for k in ("dpkit DDP (2 ranks)", "dpkit DDP, no comm thread (2 ranks)"):
+    for k in order[:2]:
         d = med[k]
         # rounds in which this row was at least as fast as the other in the same round
         wins_g = sum(x["step_s"] <= y["step_s"] for x, y in zip(rows[k], rows[gloo]))
         wins_p = sum(x["step_s"] <= y["step_s"] for x, y in zip(rows[k], rows[pp]))
         print(f"\n{k}: step time / PyTorch DDP: {d['step_s'] / p['step_s']:.3f} (not slower in {wins_g} of {a.repeat} "
               f"rounds); / per-parameter: {d['step_s'] / q['step_s']:.3f} (not slower in {wins_p} of {a.repeat}); "
-              f"exposed / PyTorch DDP's: {d['exposed_s'] / p['exposed_s']:.3f}, after the last backward: "
-              f"{d['exposed_last_s'] / p['exposed_last_s']:.3f}; exposed after the last backward / its last bucket's "
-              f"all-reduce: {d['exposed_last_s'] / d['last_bucket_s']:.3f}")
+              f"exposed / PyTorch DDP's: {d['exposed_s'] / p['exposed_s']:.3f}; after the last backward: "
+              f"{d['exposed_last_s'] / p['exposed_last_s']:.3f} of PyTorch DDP's and "
+              f"{d['exposed_last_s'] / d['last_bucket_s']:.3f} of its last bucket's all-reduce; after the end of the "
+              f"graph task: {d['exposed_compute_last_s'] / p['exposed_compute_last_s']:.3f} of PyTorch DDP's and "
+              f"{d['exposed_compute_last_s'] / d['last_bucket_s']:.3f} of its last bucket's all-reduce")
+        checks = [("step <= PyTorch DDP's", d["step_s"] <= p["step_s"]),
+                  ("step <= per-parameter's", d["step_s"] <= q["step_s"])]
+        for col, what in (("exposed_last_s", "from the last hook"), ("exposed_compute_last_s", "from the graph end")):
+            checks += [(f"exposed {what} <= 0.5x PyTorch DDP's", d[col] <= 0.5 * p[col]),
+                       (f"exposed {what} <= last bucket", d[col] <= d["last_bucket_s"])]
+        print("  issue 10 criteria (medians): " + "; ".join(f"{t}: {'yes' if ok else 'NO'}" for t, ok in checks))
     return 0
 
 

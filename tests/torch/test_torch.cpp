@@ -98,7 +98,8 @@ struct step_out {
   std::vector<std::vector<torch::Tensor>> grads;  // per step, after finish
   std::vector<torch::Tensor> params;              // after the last step
   std::vector<dpkit::ddp_step_result> results;
-  std::vector<std::chrono::steady_clock::time_point> before, after; // per step: before backward, after finish
+  // per step: before backward, when backward returned, after finish
+  std::vector<std::chrono::steady_clock::time_point> before, returned, after;
 };
 
 } // namespace
@@ -206,6 +207,7 @@ TEST_CASE("distributed_data_parallel on 2 ranks equals single-process training o
         opt.zero_grad();
         out.before.push_back(std::chrono::steady_clock::now());
         torch_lm::lm_loss(m, rows_for(comm.rank(), s, rows, len, cfg.vocab)).backward();
+        out.returned.push_back(std::chrono::steady_clock::now());
         out.results.push_back(ddp.finish());
         out.after.push_back(std::chrono::steady_clock::now());
         out.grads.push_back(grads_of(*m));
@@ -234,6 +236,13 @@ TEST_CASE("distributed_data_parallel on 2 ranks equals single-process training o
         CHECK(res.backward_end <= res.ready);
         CHECK(res.ready <= o.after[static_cast<std::size_t>(s)]);
         CHECK(res.exposed_seconds == std::chrono::duration<double>(res.ready - res.backward_end).count());
+        // compute_end is the engine's final callback: after the last hook,
+        // before backward() returned (torch's kBackwardComputeEnd)
+        CHECK(res.backward_end < res.compute_end);
+        CHECK(res.compute_end < o.returned[static_cast<std::size_t>(s)]);
+        CHECK(res.exposed_after_compute_seconds ==
+              std::chrono::duration<double>(res.ready - res.compute_end).count());
+        CHECK(res.exposed_after_compute_seconds < res.exposed_seconds);
       }
       std::vector<torch::Tensor> sparams;
       for (const auto& p : single->parameters()) sparams.push_back(p.detach());

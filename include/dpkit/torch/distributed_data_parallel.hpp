@@ -28,8 +28,11 @@
 /// computing the earlier layers meanwhile.
 ///
 /// Differences from torch DDP: the step ends with an explicit finish() (C++
-/// has no generic forward to wrap and no end-of-backward callback that could
-/// throw into the caller); find_unused_parameters marks unused parameters at
+/// has no generic forward to wrap; torch's Reducer waits for the buckets in
+/// a final callback of the autograd engine, here finish() does, so the
+/// reduction's errors reach the caller from finish() and the wrapper only
+/// stamps the time in that callback: ddp_step_result::compute_end);
+/// find_unused_parameters marks unused parameters at
 /// finish() rather than by walking the graph at forward time, and a parameter
 /// unused on every rank gets a zero gradient instead of staying undefined;
 /// buffers are broadcast at construction and by sync_buffers() (torch:
@@ -42,6 +45,7 @@
 #include "../fusion/gradient_reducer.hpp"
 #include "tensor.hpp"
 
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -125,6 +129,16 @@ struct ddp_step_result {
   /// (or in the hook, without it), from its start on this rank: on a rank
   /// that gets there before its peers this includes waiting for them.
   double last_bucket_seconds = 0;
+  /// Seconds from compute_end until the averaged gradients were in place:
+  /// the communication backward did not hide as PyTorch DDP's own logging
+  /// counts it (torch/csrc/distributed/c10d/logger.cpp: the reducer's
+  /// Timer::Event::kBackwardCommEnd minus kBackwardComputeEnd, i.e.
+  /// avg_backward_comm_time minus avg_backward_compute_comm_overlap_time).
+  /// Shorter than exposed_seconds by the autograd engine's work after the
+  /// last gradient hook; with comm_thread = false the buckets' all-reduces
+  /// ran inside backward, so it is only finish()'s own work (the step time
+  /// shows their cost).
+  double exposed_after_compute_seconds = 0;
   /// When exposed_seconds starts (the last gradient hook's entry, or the call
   /// of finish() if no hook ran) and ends (gradients in place), on
   /// std::chrono::steady_clock (CLOCK_MONOTONIC on Linux: one clock for every
@@ -135,6 +149,14 @@ struct ddp_step_result {
   /// (examples/torch_lm.cpp reports both).
   std::chrono::steady_clock::time_point backward_end{};
   std::chrono::steady_clock::time_point ready{};
+  /// The end of backward's autograd graph task: when the engine ran its final
+  /// callbacks (torch::autograd::Engine::queue_callback, queued by this
+  /// backward's first gradient hook). torch's Reducer records
+  /// Timer::Event::kBackwardComputeEnd at this point (in the final callback
+  /// that runs its finalize_backward). Later than backward_end by the
+  /// engine's work after the last hook; equal to it if no hook ran or the
+  /// callback could not be queued. steady_clock, as backward_end.
+  std::chrono::steady_clock::time_point compute_end{};
 };
 
 namespace detail {
@@ -339,8 +361,10 @@ public:
     res.all_finite = r.all_finite;
     res.grad_norm = r.grad_norm;
     res.backward_end = any_hook_ ? last_hook_ : called;
+    res.compute_end = any_hook_ && compute_end_ > last_hook_ ? compute_end_ : res.backward_end;
     res.ready = clock::now();
     res.exposed_seconds = std::chrono::duration<double>(res.ready - res.backward_end).count();
+    res.exposed_after_compute_seconds = std::chrono::duration<double>(res.ready - res.compute_end).count();
     const auto& bs = reducer_->bucket_seconds();
     if (!bs.empty()) res.last_bucket_seconds = bs.back();
     last_ = res;
@@ -434,12 +458,29 @@ private:
       // taken before mark_ready: with comm_thread = false the bucket's
       // all-reduce runs inside it, and it is not hidden by backward
       last_hook_ = std::chrono::steady_clock::now();
+      if (!any_hook_) queue_compute_end();
       reducer_->mark_ready(i);
       ready_[i] = 1;
       ++ready_count_;
       any_hook_ = true;
     } catch (...) {
       hook_error_ = std::current_exception();
+    }
+  }
+
+  // Queues a final callback on the running backward's graph task that stamps
+  // compute_end_ (where torch's Reducer records kBackwardComputeEnd). The
+  // callback outlives nothing it touches: it goes through the hook state.
+  void queue_compute_end() {
+    compute_end_ = {};
+    std::weak_ptr<detail::ddp_hook_state<distributed_data_parallel>> weak = state_;
+    try {
+      torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+        if (auto s = weak.lock(); s && s->owner) s->owner->compute_end_ = std::chrono::steady_clock::now();
+      });
+    } catch (...) {
+      // not inside a graph task (a hook invoked by hand): compute_end falls
+      // back to the last hook
     }
   }
 
@@ -505,6 +546,7 @@ private:
   std::size_t ready_count_ = 0;
   std::size_t synchronized_steps_ = 0;
   std::chrono::steady_clock::time_point last_hook_{};
+  std::chrono::steady_clock::time_point compute_end_{};
   bool any_hook_ = false;
   bool no_sync_ = false;
   std::exception_ptr hook_error_;
