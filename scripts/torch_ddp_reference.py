@@ -389,6 +389,8 @@ def cmd_bench(a):
             with open(j) as f:
                 rows.setdefault(name, []).append(json.load(f))
     print(f"dpkit DDP rows use --algorithm {a.algorithm}", flush=True)
+    with open(os.path.join(work, "rounds.json"), "w") as f:  # every round of every row, for a later look
+        json.dump(rows, f)
     fields = ("step_s", "tokens_per_s", "exposed_s", "exposed_last_s", "exposed_compute_last_s", "skew_s",
               "last_bucket_s")
     med = {k: {f: statistics.median(r.get(f, float("nan")) for r in v) for f in fields} for k, v in rows.items()}
