@@ -470,7 +470,8 @@ private:
 
   // Queues a final callback on the running backward's graph task that stamps
   // compute_end_ (where torch's Reducer records kBackwardComputeEnd). The
-  // callback outlives nothing it touches: it goes through the hook state.
+  // callback reaches the wrapper through the hook state, so it does nothing
+  // if the wrapper was destroyed before the graph task ended.
   void queue_compute_end() {
     compute_end_ = {};
     std::weak_ptr<detail::ddp_hook_state<distributed_data_parallel>> weak = state_;
