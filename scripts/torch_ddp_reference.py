@@ -206,8 +206,9 @@ def _worker(rank, a, port, result_q):
         times.append(max(g[2].item() for g in gathered))
         exposed.append(max(g[3].item() for g in gathered))
         ends = [g[4].item() for g in gathered]
-        exposed_last.append(max(g[5].item() for g in gathered) - max(ends))
-        exposed_compute.append(max(g[5].item() for g in gathered) - max(g[6].item() for g in gathered))
+        back_max = max(g[5].item() for g in gathered)
+        exposed_last.append(back_max - max(ends))
+        exposed_compute.append(back_max - max(g[6].item() for g in gathered))
         skew.append(max(ends) - min(ends))
         if rank == 0 and a.log_every > 0 and step % a.log_every == 0:
             print(f"pytorch-ddp step {step} loss {gl:.4f} step {1e3 * times[-1]:.1f} ms exposed_comm {1e3 * exposed[-1]:.2f} ms",

@@ -471,9 +471,9 @@ private:
   // Queues a final callback on the running backward's graph task that stamps
   // compute_end_ (where torch's Reducer records kBackwardComputeEnd). The
   // callback reaches the wrapper through the hook state, so it does nothing
-  // if the wrapper was destroyed before the graph task ended.
+  // if the wrapper was destroyed before the graph task ended. A stamp left
+  // from an earlier step is older than last_hook_, which finish() checks.
   void queue_compute_end() {
-    compute_end_ = {};
     std::weak_ptr<detail::ddp_hook_state<distributed_data_parallel>> weak = state_;
     try {
       torch::autograd::Engine::get_default_engine().queue_callback([weak] {
