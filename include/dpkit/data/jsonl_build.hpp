@@ -3,6 +3,7 @@
 /// builder and the crash-safe write (docs/data.md "Building an index").
 #pragma once
 
+#include <dpkit/core/cpus.hpp>
 #include <dpkit/core/errors.hpp>
 #include <dpkit/data/detail/hash.hpp>
 #include <dpkit/data/detail/newline_scan.hpp>
@@ -77,7 +78,9 @@ using build_progress = std::function<bool(std::uint64_t bytes_done, std::uint64_
 struct jsonl_index_build_options {
   /// Keep (default) or skip blank lines.
   blank_line_policy blank_lines = blank_line_policy::keep;
-  /// Worker threads; 0 = std::thread::hardware_concurrency(). Each thread gets a
+  /// Worker threads; 0 = the CPUs the calling thread may run on
+  /// (dpkit::usable_cpu_count(): its affinity mask, which mpirun's binding or
+  /// taskset may make smaller than the machine). Each thread gets a
   /// contiguous byte range of at least 1 MiB.
   unsigned threads = 0;
   /// Optional u32 column filled by an extractor (see jsonl_length_column.hpp).
@@ -579,7 +582,7 @@ inline jsonl_index_build_result build_jsonl_index(const std::filesystem::path& s
   const mapped_file src(source, access_advice::sequential);
   const std::uint64_t size = src.size();
   const std::uint64_t chunks = (size + dd::content_chunk_bytes - 1) / dd::content_chunk_bytes;
-  unsigned threads = options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+  unsigned threads = options.threads ? options.threads : usable_cpu_count();
   threads = static_cast<unsigned>(std::clamp<std::uint64_t>(chunks, 1, threads));
   const auto range_begin = [&](unsigned t) { return std::min(size, chunks * t / threads * dd::content_chunk_bytes); };
 

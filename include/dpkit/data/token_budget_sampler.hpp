@@ -4,6 +4,7 @@
 /// Design section 5, "Samplers"; guide: docs/data.md.
 #pragma once
 
+#include <dpkit/core/cpus.hpp>
 #include <dpkit/core/errors.hpp>
 #include <dpkit/data/distributed_sampler.hpp>
 #include <dpkit/data/lengths.hpp>
@@ -97,9 +98,10 @@ struct token_budget_options {
   /// W runs global position start + step * W + r. A run checkpointed at global
   /// offset o on W ranks resumes on any W' with set_epoch(epoch, o).
   bool elastic = false;
-  /// Threads that build the plan (count batches per buffer); 0 = all hardware
-  /// threads (std::thread::hardware_concurrency()), at most 16. Each uses 1.5 MiB
-  /// of scratch while planning. The plan does not depend on it.
+  /// Threads that build the plan (count batches per buffer); 0 = the CPUs the
+  /// calling thread may run on (dpkit::usable_cpu_count(), its affinity
+  /// mask), at most 16. Each uses 1.5 MiB of scratch while planning. The plan
+  /// does not depend on it.
   unsigned threads = 0;
 };
 
@@ -638,7 +640,7 @@ private:
     const std::uint64_t nbuf = (n_ + buffer_ - 1) / buffer_;
     std::vector<std::uint64_t> counts(nbuf + 1, 0);
     unsigned threads = opt_.threads != 0 ? opt_.threads
-                                         : std::clamp(std::thread::hardware_concurrency(), 1u, detail::max_default_plan_threads);
+                                         : std::clamp(usable_cpu_count(), 1u, detail::max_default_plan_threads);
     threads = static_cast<unsigned>(std::max<std::uint64_t>(1, std::min<std::uint64_t>(threads, nbuf / 16)));
     struct totals {
       std::uint64_t kept = 0, skipped = 0, truncated = 0;
