@@ -2,6 +2,7 @@
 // libtorch's C++ frontend and dpkit's DistributedDataParallel on the
 // repository's real corpus (Debian package descriptions).
 //
+//   . scripts/env.sh       # OpenMPI as root, shared-memory transport
 //   mpirun -np 2 build/examples/torch_lm --steps 200
 //   mpirun -np 2 build/examples/torch_lm --steps 100 --checkpoint ckpt.pt --checkpoint-every 50
 //   mpirun -np 2 build/examples/torch_lm --steps 200 --resume ckpt.pt
@@ -25,13 +26,21 @@
 // instead of the corpus, from DIR/init.bin; --loss-log FILE (rank 0) writes
 // "step loss" lines; --json FILE (rank 0) writes the run's timing summary.
 //
-// Determinism: fixed seeds, one intra-op thread per rank (ranks share the
-// cores), no dropout; --resume continues from a checkpoint (written by rank 0
-// atomically: temporary file, fsync, rename) with the sampler positioned in
-// O(1) and gives the same losses as an uninterrupted run.
+// Threads: libtorch's intra-op pool is sized to the CPUs each rank may run
+// on, divided among the ranks of the node that share them
+// (dpkit::size_torch_threads, dpkit/torch/threads.hpp): one thread per rank
+// when 2 ranks share 2 cores, whether mpirun binds them (its default) or
+// not; --threads N asks for N, and a rank whose CPUs get more threads than
+// they have prints one warning line.
+//
+// Determinism: fixed seeds, no dropout; --resume continues from a checkpoint
+// (written by rank 0 atomically: temporary file, fsync, rename) with the
+// sampler positioned in O(1) and gives the same losses as an uninterrupted
+// run.
 #include <dpkit/data.hpp>
 #include <dpkit/data/jsonl_length_column.hpp>
 #include <dpkit/torch/distributed_data_parallel.hpp>
+#include <dpkit/torch/threads.hpp>
 #include <dpkit/transport/mpi.hpp>
 
 #include "torch_lm_model.hpp"
@@ -75,6 +84,7 @@ struct args {
   std::int64_t checkpoint_every = 0;
   std::int64_t warmup = 3; // steps left out of the timing summary
   int as_rank = 0, log_every = 1;
+  int threads = 0; // intra-op threads per rank; 0: sized to the rank's CPUs
 };
 
 using clk = std::chrono::steady_clock;
@@ -279,7 +289,17 @@ int run(const args& a) {
   } else {
     rank = a.as_rank;
   }
-  torch::set_num_threads(1);
+  // Before any torch work: libtorch's pools sized to this rank's CPUs.
+  std::unique_ptr<dpkit::mpi> comm;
+  dpkit::torch_threads_options topt;
+  topt.intra_op_threads = a.threads;
+  dpkit::torch_threads_result threads;
+  if (a.ddp != "none") {
+    comm = std::make_unique<dpkit::mpi>(MPI_COMM_WORLD);
+    threads = dpkit::size_torch_threads(*comm, topt);
+  } else {
+    threads = dpkit::size_torch_threads(topt);
+  }
   torch::manual_seed(static_cast<std::uint64_t>(a.seed));
   torch_lm::lm_config cfg;
   cfg.layers = a.layers;
@@ -293,10 +313,8 @@ int run(const args& a) {
   std::int64_t start = 0;
   if (!a.resume.empty()) start = load_checkpoint(a.resume, model, opt, world); // before DDP hooks the parameters
 
-  std::unique_ptr<dpkit::mpi> comm;
   std::unique_ptr<dpkit::distributed_data_parallel<dpkit::mpi>> ddp;
   if (a.ddp == "dpkit") {
-    comm = std::make_unique<dpkit::mpi>(MPI_COMM_WORLD);
     dpkit::ddp_options o;
     o.bucket_cap_mb = a.bucket_cap_mb;
     o.gradient_as_bucket_view = a.bucket_view;
@@ -332,6 +350,9 @@ int run(const args& a) {
     std::printf("torch_lm: %lld layers, d_model %lld, %zu parameters (%.1f MiB f32), %d ranks, ddp=%s", static_cast<long long>(a.layers),
                 static_cast<long long>(a.d_model), n, static_cast<double>(n) * 4 / (1 << 20), world, a.ddp.c_str());
     if (ddp) std::printf(", %zu buckets (bucket_cap_mb %.3g)", ddp->reducer().plan().size(), a.bucket_cap_mb);
+    std::printf(", %d intra-op thread%s per rank (CPUs %s of rank 0, shared by %d rank%s)", threads.intra_op,
+                threads.intra_op == 1 ? "" : "s", dpkit::cpu_list_string(threads.cpus).c_str(), threads.ranks_sharing,
+                threads.ranks_sharing == 1 ? "" : "s");
     std::printf(", steps %lld..%lld\n", static_cast<long long>(start), static_cast<long long>(a.steps));
     std::fflush(stdout);
   }
@@ -497,6 +518,8 @@ int main(int argc, char** argv) {
   app.add_option("--json", a.json, "rank 0 writes the timing summary here");
   app.add_option("--warmup", a.warmup, "steps left out of the timing summary");
   app.add_option("--log-every", a.log_every, "log every K steps (0: summary only)");
+  app.add_option("--threads", a.threads, "intra-op threads per rank (0: the rank's CPUs divided among the ranks sharing them)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   const bool use_mpi = a.ddp != "none";
   if (use_mpi) {
