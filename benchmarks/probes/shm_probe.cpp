@@ -1,5 +1,5 @@
 // shm_probe: a small standalone timing program for the shared-memory
-// all-reduce (issue 11), outside the shared benchmark harness: float sum,
+// all-reduce, outside the shared benchmark harness: float sum,
 // out-of-place and in-place, sizes 8 B .. max, dpkit shm (by size), shm1
 // (one-shot), shm2 (two-shot), ring, tree, auto, and native MPI_Allreduce
 // (whatever coll component mpirun selects: default coll/tuned, or
@@ -9,10 +9,11 @@
 // GB/s, #wrong (integer-valued data, compared with the exact sum). With -b it
 // also measures the copy and reduce bandwidth of the machine on the same
 // rotating buffers, all ranks at once (the bound of a shared-memory
-// all-reduce).
+// all-reduce). Its runs: benchmarks/results/2026-11-23-shm-allreduce-first-runs.md
+// and 2026-11-23-shm-two-shot-two-ranks.md.
 //
-//   mpicxx -std=c++20 -O2 -Iinclude benchmarks/shm_probe.cpp -o build/shm_probe
-//   mpirun -n 2 build/shm_probe [-e max_bytes] [-A shm,ring,...] [-b]
+//   ninja -C build benchmarks/probes/shm_probe
+//   mpirun -n 2 build/benchmarks/probes/shm_probe [-e max_bytes] [-A shm,ring,...] [-b]
 #include <dpkit/dpkit.hpp>
 
 #include <mpi.h>

@@ -6,9 +6,10 @@
 // all-reduce of any algorithm needs every rank's contribution before any rank
 // can finish, so its latency cannot go below this barrier's on the same
 // processes; with more ranks than cores the barrier includes the context
-// switches that bring every rank onto a core (docs/tuning.md "Waits").
+// switches that bring every rank onto a core (docs/tuning.md "Waits"; the
+// runs: benchmarks/results/2026-11-24-sync-floor.md).
 //
-//   sync_floor [-N 2,3,4] [--iters 200000] [--repeat 3]
+//   build/benchmarks/probes/sync_floor [-N 2,3,4] [--iters 200000] [--repeat 3]
 //
 // Prints, per N, the median over --repeat runs of microseconds per barrier for
 // two wait modes: 256 pause polls then yields (dpkit's default when ranks do

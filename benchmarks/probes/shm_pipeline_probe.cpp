@@ -1,5 +1,6 @@
-// shm_pipeline_probe: the pipelined two-shot all-reduce that was tried for
-// issue 11 and not adopted (docs/tuning.md "Pipelined two-shot"), measured
+// shm_pipeline_probe: the pipelined two-shot all-reduce that was tried and
+// not adopted (docs/tuning.md "Pipelined two-shot"; the runs:
+// benchmarks/results/2026-11-24-shm-pipelined-two-shot.md), measured
 // against dpkit's chunked two-shot in one process: float sum, np ranks of one
 // node, out of place and in place, 512 KiB .. 128 MiB. Each iteration runs
 // the three variants once, in rotating order, each on its own buffers of a
@@ -8,7 +9,7 @@
 // its ratio to the chunked two-shot and in how many iterations it was at
 // least as fast (paired, so the VM's drift cancels out).
 //
-//   mpirun -np 2 build/benchmarks/shm_pipeline_probe [iterations, default 24]
+//   mpirun -np 2 build/benchmarks/probes/shm_pipeline_probe [iterations, default 24]
 //
 // The variants: "chunked" (allreduce_shm_two_shot: per chunk of one buffer
 // copy in, step, reduce, step, copy out: 2K steps), "pipe buf" (pipelined
