@@ -1,4 +1,4 @@
-// scale_perf: the seed's dataset end to end at its scale (issue 12). Generates
+// scale_perf: the seed's dataset end to end at its scale (2e8 lines). Generates
 // (or reuses) an N-line JSONL file with a length field, then times, each phase
 // in its own forked process so that its peak RSS is its own:
 //   wc -l              the file, as a subprocess (the speed reference of the index build)

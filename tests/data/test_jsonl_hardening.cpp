@@ -1,4 +1,4 @@
-// The JSONL index on the unhappy path (issue 9.6): damaged offsets whatever the
+// The JSONL index on the unhappy path: damaged offsets whatever the
 // checksums say, a source changed with its size and mtime restored, an index
 // path that is not a regular file, a build killed with SIGKILL.
 #include "data_test_util.hpp"
@@ -286,7 +286,7 @@ TEST_CASE("jsonl_index hardening: an index path that is not a regular file is re
 
 TEST_CASE("jsonl_index hardening: /dev/null as the index path is left alone") {
   // Never run this against a build without the target check: it replaced
-  // /dev/null (issue 9).
+  // /dev/null.
   if (!fs::exists("/dev/null")) return;
   const fs::path src = tmp_dir() / "devnull-src.jsonl";
   data_test::write_file(src, "{\"a\": 1}\n");

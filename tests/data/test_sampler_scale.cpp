@@ -1,4 +1,4 @@
-// Tests of the samplers at scale (issue 12): the token-budget plan that keeps
+// Tests of the samplers at scale: the token-budget plan that keeps
 // per-buffer counts and re-derives batches equals dpkit 0.1's plan (which
 // stored every index; kept below as the reference) batch for batch; the plan
 // does not depend on the number of plan threads; elastic resume (4 -> 2 ranks)

@@ -1,7 +1,9 @@
 /// @file distributed_data_parallel.hpp
 /// @brief `distributed_data_parallel`: PyTorch's DistributedDataParallel for
 /// libtorch's C++ frontend (which has none, pytorch/pytorch#48959), on dpkit's
-/// gradient_reducer and transports (issue 10; guide: docs/torch-ddp.md).
+/// gradient_reducer and transports: a C++ training program gets DDP's
+/// bucketed gradient averaging, overlapped with backward, without Python
+/// (guide: docs/torch-ddp.md).
 ///
 /// @code
 /// dpkit::mpi comm(MPI_COMM_WORLD);

@@ -1,9 +1,10 @@
 /// @file tensor.hpp
 /// @brief `at::Tensor` as a dpkit tensor: runtime element-type dispatch over
 /// f32, f64, f16, bf16, i32, i64, i8 and u8, host (CPU) and CUDA memory
-/// spaces, and in-place collectives on torch tensors (issue 10; design
-/// section 9). Needs libtorch (Debian libtorch-dev, Meson feature `torch`);
-/// never included by dpkit/dpkit.hpp.
+/// spaces, and in-place collectives on torch tensors, so that dpkit's
+/// collectives take the tensors a libtorch program already has (guide:
+/// docs/torch-ddp.md). Needs libtorch (Debian libtorch-dev, Meson feature
+/// `torch`); never included by dpkit/dpkit.hpp.
 ///
 /// An at::Tensor's element type is a runtime property, so it cannot specialize
 /// dpkit::tensor_traits directly. `visit_torch_tensor(t, f)` checks the tensor
