@@ -63,7 +63,7 @@ struct collective_options {
   /// Pipeline segment size in bytes: ring and tree algorithms move data in
   /// segments of at most this many bytes, a few in flight (double-buffered
   /// scratch of `pipeline_depth` segments, never a full-size temporary).
-  /// Default measured on the reference machine (see docs/tuning.md).
+  /// Default measured on the reference machine (docs/tuning.md "Segment size").
   std::size_t segment_bytes = 1u << 20;
   /// Segments in flight per peer (receive scratch slots). >= 1.
   int pipeline_depth = 2;

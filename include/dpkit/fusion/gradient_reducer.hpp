@@ -111,7 +111,7 @@ struct reducer_options {
   /// finish() has nothing left to wait for. For ranks that outnumber cores,
   /// where a communication thread only takes turns with backward on the same
   /// core and its collectives stall whenever a peer's thread is descheduled
-  /// (docs/torch-ddp.md, "Measured"). Errors are reported by finish() either way.
+  /// (docs/torch-ddp.md, "comm_thread"). Errors are reported by finish() either way.
   bool comm_thread = true;
   friend bool operator==(const reducer_options&, const reducer_options&) = default;
 };
