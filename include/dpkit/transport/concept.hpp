@@ -19,11 +19,13 @@
 #include "detail/health.hpp"
 #include "detail/scratch_arena.hpp"
 #include "detail/shm_segment.hpp"
+#include "topology.hpp"
 
 #include <concepts>
 #include <cstddef>
 #include <span>
 #include <string>
+#include <type_traits>
 
 namespace dpkit {
 
@@ -97,12 +99,30 @@ concept checked_transport = transport<C> && requires(C& c, const std::string& wh
   c.report_failure(what);
 };
 
-/// Refinement (planned, docs/design.md "Transports"): the transport splits into
-/// sub-transports by color and key, as MPI_Comm_split, for hierarchical
-/// (node-local + cross-node) all-reduce.
+/// Refinement: the transport splits into sub-transports by color and key, as
+/// MPI_Comm_split: a collective call of every rank; the ranks that pass the
+/// same color (>= 0) form a new transport, ranked by (key, rank). The result
+/// is a transport of its own (its messages never match the parent's).
 template <class C>
 concept splittable_transport = transport<C> && requires(C& c, int color, int key) {
   { c.split(color, key) } -> transport;
+};
+
+/// Refinement: the transport knows which node each of its ranks runs on
+/// (topology(): MPI_COMM_TYPE_SHARED on MPI, a declared layout on inproc) and
+/// owns the sub-transports the hierarchical collectives run on when
+/// topology().hierarchical(): node_transport() (the ranks of this rank's
+/// node, with its shared segment) and cross_transport() (on a uniform layout
+/// the ranks with this rank's local rank on every node; otherwise the nodes'
+/// leaders, local rank 0, and nullptr on the other ranks). Both are nullptr
+/// when the topology is not hierarchical.
+template <class C>
+concept hierarchical_transport = transport<C> && requires(C& c, const C& cc) {
+  { cc.topology() } -> std::same_as<const node_topology&>;
+  requires transport<std::remove_pointer_t<decltype(c.node_transport())>>;
+  requires transport<std::remove_pointer_t<decltype(c.cross_transport())>>;
+  requires std::is_pointer_v<decltype(c.node_transport())>;
+  requires std::is_pointer_v<decltype(c.cross_transport())>;
 };
 
 /// Refinement: the ranks can map one shared segment (docs/algorithms.md

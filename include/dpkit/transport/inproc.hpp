@@ -26,6 +26,7 @@
 #include "concept.hpp"
 #include "detail/health.hpp"
 #include "detail/shm_segment.hpp"
+#include "topology.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -34,8 +35,10 @@
 #include <cstring>
 #include <exception>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -204,6 +207,32 @@ public:
   /// The world this rank belongs to.
   inproc_world& world() const noexcept { return *world_; }
 
+  /// Which virtual node each rank is on (hierarchical_transport): the layout
+  /// the world was created with (one node by default).
+  const node_topology& topology() const noexcept;
+  /// This rank's endpoint in the world of its node's ranks (with the node's
+  /// shared segment), or nullptr when !topology().hierarchical()
+  /// (hierarchical_transport). Created on first use; owned by this endpoint.
+  inproc* node_transport();
+  /// This rank's endpoint among its peers on the other nodes (uniform layout:
+  /// the ranks with its local rank; otherwise the nodes' leaders, nullptr on
+  /// the others), or nullptr when !topology().hierarchical()
+  /// (hierarchical_transport). Created on first use; owned by this endpoint.
+  inproc* cross_transport();
+  /// Splits the world as MPI_Comm_split (splittable_transport): a collective
+  /// call of every rank of the world; the ranks that pass the same `color`
+  /// form a new world (a transport of its own: its messages never match this
+  /// one's), ranked by (key, rank). The new world's virtual nodes are this
+  /// world's, restricted to its ranks; it has a shared segment when they are
+  /// on one node. A failure of either world fails the other. The returned
+  /// endpoint keeps its world alive; it must be destroyed before this world.
+  /// @param color >= 0.
+  /// @param timeout how long to wait for the other ranks to call split.
+  /// @throws dpkit::invalid_argument if color < 0; dpkit::timeout_error if a
+  ///         rank does not call split within `timeout`; dpkit::peer_error if
+  ///         the world failed or a rank returned from its function meanwhile.
+  inproc split(int color, int key, std::chrono::milliseconds timeout = env_default_timeout());
+
   inproc(const inproc&) = delete;
   inproc& operator=(const inproc&) = delete;
   inproc(inproc&&) = default;
@@ -212,13 +241,18 @@ public:
 
 private:
   friend class inproc_world;
-  inproc(inproc_world* w, int r)
-      : world_(w), rank_(r), arena_(std::make_unique<detail::scratch_arena>()),
+  inproc(inproc_world* w, int r, std::shared_ptr<inproc_world> keep = nullptr)
+      : keep_(std::move(keep)), world_(w), rank_(r), arena_(std::make_unique<detail::scratch_arena>()),
         progress_(std::make_unique<progress_thread>()) {}
   void check_peer(int peer, const char* what) const;
 
+  std::shared_ptr<inproc_world> keep_; // a world made by split: kept alive by its endpoints
   inproc_world* world_;
   int rank_;
+  // hierarchy endpoints (node_transport, cross_transport); before progress_,
+  // so the communication thread (which may run a hierarchical collective on
+  // them) is joined first
+  std::unique_ptr<inproc> node_, cross_;
   std::unique_ptr<detail::scratch_arena> arena_;
   std::unique_ptr<progress_thread> progress_;
 };
@@ -240,14 +274,31 @@ public:
       : size_(world_size), ops_(ops) {
     if (world_size <= 0)
       throw invalid_argument("inproc_world: world size must be >= 1, got " + std::to_string(world_size));
-    if (shm_bytes != 0 && shm_bytes < 64)
-      throw invalid_argument("inproc_world: shm_bytes must be 0 or >= 64, got " + std::to_string(shm_bytes));
-    boxes_ = std::make_unique<detail::inproc_mailbox[]>(static_cast<std::size_t>(world_size));
-    ranks_ = std::make_unique<rank_state[]>(static_cast<std::size_t>(world_size));
-    if (shm_bytes) {
-      shm_block_ = std::make_unique<detail::shm_block>(world_size, shm_bytes);
-      for (int r = 0; r < world_size; ++r) ranks_[static_cast<std::size_t>(r)].shm = shm_block_->view(r);
-    }
+    init(node_layout::single(world_size), shm_bytes);
+  }
+  /// Creates a world whose ranks sit on the virtual nodes of `layout`
+  /// (layout.size() ranks), as ranks of a multi-node job would: each rank's
+  /// topology() reports its node and local rank, the world has no shared
+  /// segment of its own when it spans several nodes (as dpkit::mpi across
+  /// hosts), and each node gets a world of its own with a shared segment
+  /// (node_transport()) plus the worlds of the cross-node peers
+  /// (cross_transport()), on which the hierarchical collectives run. Lets
+  /// every multi-node algorithm run in one process.
+  /// @param layout node of every rank (node_layout::blocks(2, 3): 2 nodes of
+  ///        3 ranks); any labelling, made canonical.
+  /// @param ops, shm_bytes as the other constructor (shm_bytes sizes each
+  ///        node's segment).
+  /// @throws dpkit::invalid_argument if the layout is empty or shm_bytes is in (0, 64).
+  explicit inproc_world(const node_layout& layout, const device_ops* ops = nullptr,
+                        std::size_t shm_bytes = detail::shm_bytes_from_env(256u << 10))
+      : size_(layout.size()), ops_(ops) {
+    if (size_ <= 0) throw invalid_argument("inproc_world: the node layout has no ranks");
+    std::vector<long long> labels(layout.node_of.begin(), layout.node_of.end());
+    init(node_layout::canonicalize(labels), shm_bytes);
+  }
+  /// Detaches from the parent world (a world made by split).
+  ~inproc_world() {
+    if (parent_) parent_->remove_child(this);
   }
   inproc_world(const inproc_world&) = delete;
   inproc_world& operator=(const inproc_world&) = delete;
@@ -281,7 +332,7 @@ public:
     std::atomic<int> first_cause{-1};
     // A new run: no rank has returned yet (the flags of an earlier run would
     // make waits on a peer that simply finished that run fail).
-    for (int r = 0; r < size_; ++r) state(r).exited.store(false, std::memory_order_release);
+    for (int r = 0; r < size_; ++r) clear_exited(r);
     for (int r = 0; r < size_; ++r)
       threads.emplace_back([&, r] {
         try {
@@ -330,6 +381,14 @@ public:
     for (int r = 0; r < size_; ++r) ranks_[static_cast<std::size_t>(r)].health.fail(what);
     if (shm_block_) ranks_[0].shm->abort_all();
     wake_all();
+    // A world and the worlds split from it (and its nodes' worlds) fail
+    // together: a rank waiting in any of them stops at once.
+    {
+      std::lock_guard lk(split_mu_);
+      for (auto& c : children_) c.world->fail(-1, what, mismatch);
+    }
+    if (parent_) parent_->fail(-1, what, mismatch);
+    split_cv_.notify_all();
   }
 
   /// Moves n bytes of a message payload (std::memcpy, or device_ops::copy
@@ -347,12 +406,171 @@ private:
     detail::comm_health health;
     std::atomic<bool> exited{false};
     std::unique_ptr<detail::shm_segment> shm;
+    node_topology topo;
+    int node_world = -1, node_rank = -1;   // hier_ index and rank of its node's world
+    int cross_world = -1, cross_rank = -1; // hier_ index and rank of its cross-node world
+    std::uint64_t splits = 0;              // split calls so far (under split_mu_)
   };
   detail::inproc_mailbox& box(int r) { return boxes_[static_cast<std::size_t>(r)]; }
   rank_state& state(int r) { return ranks_[static_cast<std::size_t>(r)]; }
   void mark_exited(int r) {
     state(r).exited.store(true, std::memory_order_release);
     wake_all();
+    std::lock_guard lk(split_mu_);
+    for (auto& c : children_)
+      for (std::size_t i = 0; i < c.parent_rank.size(); ++i)
+        if (c.parent_rank[i] == r) c.world->mark_exited(static_cast<int>(i));
+    split_cv_.notify_all();
+  }
+  // A run() starts: no rank has returned (in this world and those split from it).
+  void clear_exited(int r) {
+    state(r).exited.store(false, std::memory_order_release);
+    std::lock_guard lk(split_mu_);
+    for (auto& c : children_)
+      for (std::size_t i = 0; i < c.parent_rank.size(); ++i)
+        if (c.parent_rank[i] == r) c.world->clear_exited(static_cast<int>(i));
+  }
+
+  // ---- layout, hierarchy and split ----
+  struct child {
+    inproc_world* world;
+    std::vector<int> parent_rank; // child rank -> rank in this world
+  };
+  void init(node_layout layout, std::size_t shm_bytes) {
+    if (shm_bytes != 0 && shm_bytes < 64)
+      throw invalid_argument("inproc_world: shm_bytes must be 0 or >= 64, got " + std::to_string(shm_bytes));
+    shm_bytes_ = shm_bytes;
+    boxes_ = std::make_unique<detail::inproc_mailbox[]>(static_cast<std::size_t>(size_));
+    ranks_ = std::make_unique<rank_state[]>(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) state(r).topo = node_topology(layout, r);
+    const node_topology& t0 = state(0).topo;
+    // One segment for the whole world only when it is one node (as dpkit::mpi).
+    if (shm_bytes && t0.nodes() == 1) {
+      shm_block_ = std::make_unique<detail::shm_block>(size_, shm_bytes);
+      for (int r = 0; r < size_; ++r) state(r).shm = shm_block_->view(r);
+    }
+    if (!t0.hierarchical()) return;
+    // The nodes' worlds and the cross-node worlds.
+    const int nodes = t0.nodes();
+    for (int k = 0; k < nodes; ++k) {
+      auto members = layout.ranks_of(k);
+      for (std::size_t i = 0; i < members.size(); ++i) {
+        state(members[i]).node_world = static_cast<int>(hier_.size());
+        state(members[i]).node_rank = static_cast<int>(i);
+      }
+      add_hier(members, node_layout::single(static_cast<int>(members.size())));
+    }
+    const int groups = t0.uniform() ? t0.max_local_size() : 1;
+    for (int g = 0; g < groups; ++g) {
+      std::vector<int> members;
+      for (int k = 0; k < nodes; ++k) members.push_back(layout.ranks_of(k)[static_cast<std::size_t>(g)]);
+      for (std::size_t i = 0; i < members.size(); ++i) {
+        state(members[i]).cross_world = static_cast<int>(hier_.size());
+        state(members[i]).cross_rank = static_cast<int>(i);
+      }
+      add_hier(members, node_layout::blocks(nodes, 1));
+    }
+  }
+  void add_hier(const std::vector<int>& members, node_layout layout) {
+    hier_.push_back(std::make_unique<inproc_world>(layout, ops_, shm_bytes_));
+    hier_.back()->parent_ = this;
+    std::lock_guard lk(split_mu_);
+    children_.push_back({hier_.back().get(), members});
+  }
+  void remove_child(inproc_world* w) {
+    std::lock_guard lk(split_mu_);
+    for (auto it = children_.begin(); it != children_.end(); ++it)
+      if (it->world == w) {
+        children_.erase(it);
+        return;
+      }
+  }
+  // The k-th split of every rank meets in round k.
+  struct split_round {
+    std::vector<int> color, key;
+    int arrived = 0, taken = 0;
+    bool ready = false;
+    std::vector<std::shared_ptr<inproc_world>> world_of; // per rank
+    std::vector<int> new_rank;
+  };
+  inproc split_rank(int rank, int color, int key, std::chrono::milliseconds timeout) {
+    if (color < 0)
+      throw invalid_argument("inproc::split: rank " + std::to_string(rank) + ": color must be >= 0, got " +
+                             std::to_string(color));
+    throw_if_failed(rank);
+    const auto due = clock::now() + timeout;
+    std::unique_lock lk(split_mu_);
+    const std::uint64_t k = state(rank).splits++;
+    split_round& R = rounds_[k];
+    if (R.color.empty()) {
+      R.color.assign(static_cast<std::size_t>(size_), -1);
+      R.key.assign(static_cast<std::size_t>(size_), 0);
+    }
+    R.color[static_cast<std::size_t>(rank)] = color;
+    R.key[static_cast<std::size_t>(rank)] = key;
+    if (++R.arrived == size_) {
+      make_split(R);
+      R.ready = true;
+      split_cv_.notify_all();
+    }
+    while (!R.ready) {
+      if (failed()) {
+        lk.unlock();
+        throw_if_failed(rank);
+      }
+      for (int p = 0; p < size_; ++p)
+        if (R.color[static_cast<std::size_t>(p)] < 0 && state(p).exited.load(std::memory_order_acquire))
+          throw peer_error("inproc::split: rank " + std::to_string(rank) + " waits for rank " + std::to_string(p) +
+                           " to split, but rank " + std::to_string(p) + " already returned from its function");
+      if (clock::now() >= due) {
+        std::string missing;
+        for (int p = 0; p < size_; ++p)
+          if (R.color[static_cast<std::size_t>(p)] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+        throw timeout_error("inproc::split: rank " + std::to_string(rank) + " timed out after " +
+                            std::to_string(timeout.count()) + " ms waiting for rank(s) " + missing + " to split");
+      }
+      split_cv_.wait_until(lk, std::min(due, clock::now() + std::chrono::milliseconds(2)));
+    }
+    auto w = R.world_of[static_cast<std::size_t>(rank)];
+    const int nr = R.new_rank[static_cast<std::size_t>(rank)];
+    // The round may hold the last reference to a world whose ranks have all
+    // gone; its destructor takes split_mu_: destroy the round after unlocking.
+    std::optional<split_round> done;
+    if (++R.taken == size_) {
+      done.emplace(std::move(R));
+      rounds_.erase(k);
+    }
+    lk.unlock();
+    done.reset();
+    inproc_world* raw = w.get();
+    return inproc(raw, nr, std::move(w));
+  }
+  // Called with split_mu_ held by the last rank to arrive.
+  void make_split(split_round& R) {
+    R.world_of.assign(static_cast<std::size_t>(size_), nullptr);
+    R.new_rank.assign(static_cast<std::size_t>(size_), -1);
+    std::vector<int> colors(R.color.begin(), R.color.end());
+    std::sort(colors.begin(), colors.end());
+    colors.erase(std::unique(colors.begin(), colors.end()), colors.end());
+    const node_layout& layout = state(0).topo.layout();
+    for (int c : colors) {
+      std::vector<int> members;
+      for (int p = 0; p < size_; ++p)
+        if (R.color[static_cast<std::size_t>(p)] == c) members.push_back(p);
+      std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+        return R.key[static_cast<std::size_t>(a)] < R.key[static_cast<std::size_t>(b)];
+      });
+      std::vector<long long> labels;
+      for (int p : members) labels.push_back(layout.node_of[static_cast<std::size_t>(p)]);
+      auto w = std::make_shared<inproc_world>(node_layout::canonicalize(labels), ops_, shm_bytes_);
+      w->parent_ = this;
+      children_.push_back({w.get(), members});
+      for (std::size_t i = 0; i < members.size(); ++i) {
+        R.world_of[static_cast<std::size_t>(members[i])] = w;
+        R.new_rank[static_cast<std::size_t>(members[i])] = static_cast<int>(i);
+        if (state(members[i]).exited.load(std::memory_order_acquire)) w->state(static_cast<int>(i)).exited.store(true);
+      }
+    }
   }
   // Wakes every waiter (they re-check the world's state).
   void wake_all() {
@@ -414,9 +632,16 @@ private:
 
   int size_;
   const device_ops* ops_;
+  std::size_t shm_bytes_ = 0;
   std::unique_ptr<detail::inproc_mailbox[]> boxes_;
   std::unique_ptr<detail::shm_block> shm_block_; // before ranks_: views point into it
   std::unique_ptr<rank_state[]> ranks_;
+  inproc_world* parent_ = nullptr;                   // the world this one was split from
+  mutable std::mutex split_mu_;                      // children_, rounds_, rank_state::splits
+  std::condition_variable split_cv_;
+  std::vector<child> children_;                      // worlds split from this one (and hier_)
+  std::map<std::uint64_t, split_round> rounds_;
+  std::vector<std::unique_ptr<inproc_world>> hier_;  // nodes' and cross-node worlds (layout with several nodes)
   std::atomic<bool> failed_{false};
   mutable std::mutex fail_mu_;
   std::string failure_;
@@ -431,6 +656,22 @@ inline bool inproc::accepts(memory_space s) const noexcept {
 inline const device_ops* inproc::device() const noexcept { return world_->device(); }
 inline detail::comm_health& inproc::health() noexcept { return world_->state(rank_).health; }
 inline detail::shm_segment* inproc::shm() noexcept { return world_->state(rank_).shm.get(); }
+inline const node_topology& inproc::topology() const noexcept { return world_->state(rank_).topo; }
+inline inproc* inproc::node_transport() {
+  const auto& st = world_->state(rank_);
+  if (st.node_world < 0) return nullptr;
+  if (!node_) node_.reset(new inproc(world_->hier_[static_cast<std::size_t>(st.node_world)].get(), st.node_rank));
+  return node_.get();
+}
+inline inproc* inproc::cross_transport() {
+  const auto& st = world_->state(rank_);
+  if (st.cross_world < 0) return nullptr;
+  if (!cross_) cross_.reset(new inproc(world_->hier_[static_cast<std::size_t>(st.cross_world)].get(), st.cross_rank));
+  return cross_.get();
+}
+inline inproc inproc::split(int color, int key, std::chrono::milliseconds timeout) {
+  return world_->split_rank(rank_, color, key, timeout);
+}
 inline void inproc::shm_poll(int peer, int tag) {
   world_->throw_if_failed(rank_);
   if (peer >= 0 && peer < size() && peer != rank_ && world_->state(peer).exited.load(std::memory_order_acquire))

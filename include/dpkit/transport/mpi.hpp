@@ -86,7 +86,20 @@ struct mpi_shared {
   mpi_notice notice{};                 // what this rank sent (one failure per transport)
   std::vector<MPI_Request> notice_sends;
   shm_segment* shm = nullptr;          // the shared segment, if any (its abort words)
+  mpi_shared* parent = nullptr;        // the transport whose hierarchy this one serves (node or cross)
 
+  /// Takes one pending fault notice from `source` (MPI_ANY_SOURCE: any) with
+  /// a matched probe (MPI_Improbe + MPI_Mrecv), so two threads polling one
+  /// communicator (a hierarchy's stages poll their parent) never race for
+  /// the same message; false when none is pending.
+  bool take_notice(int source, mpi_notice& n) {
+    int flag = 0;
+    MPI_Message msg = MPI_MESSAGE_NULL;
+    MPI_Status st;
+    if (MPI_Improbe(source, control_tag, comm, &flag, &msg, &st) != MPI_SUCCESS || !flag) return false;
+    MPI_Mrecv(&n, sizeof n, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+    return true;
+  }
   /// Records the first failure and tells every other rank (once).
   void fail_and_notify(const std::string& what, int kind, const fingerprint* fp = nullptr) {
     if (!health.fail(what)) return;
@@ -103,6 +116,9 @@ struct mpi_shared {
     // The shm abort words last: a peer that stops on them and sends its own
     // (less specific) notice does so after this one is on its way.
     if (shm) shm->abort_all();
+    // A node or cross-node transport of a hierarchy fails its parent too:
+    // the ranks waiting in the hierarchy's other stages poll the parent.
+    if (parent) parent->fail_and_notify(what, kind);
   }
   /// Handles a notice received from another rank: throws mismatch_error or
   /// peer_error (after failing this transport and telling the others).
@@ -113,12 +129,8 @@ struct mpi_shared {
     // went on): take the notices that have arrived too and answer such a
     // mismatch first, so that peer names both calls.
     for (int more = 0; more < size; ++more) {
-      int flag = 0;
-      MPI_Status st;
-      MPI_Iprobe(MPI_ANY_SOURCE, control_tag, comm, &flag, &st);
-      if (!flag) break;
       mpi_notice other;
-      MPI_Recv(&other, sizeof other, MPI_BYTE, st.MPI_SOURCE, control_tag, comm, MPI_STATUS_IGNORE);
+      if (!take_notice(MPI_ANY_SOURCE, other)) break;
       answer_mismatch(other);
     }
     const std::string text(n.text, strnlen(n.text, sizeof n.text));
@@ -148,18 +160,20 @@ struct mpi_shared {
     // peer waiting in a shm collective reads it (collective_scope publishes
     // nothing for calls that never wait).
     if (shm) shm->publish(health.current());
+    if (mpi_notice n; take_notice(MPI_ANY_SOURCE, n)) on_notice(n);
+    if (parent) parent->poll_notices();
+    if (!is_checked_tag(my_tag)) return;
     int flag = 0;
     MPI_Status st;
-    MPI_Iprobe(MPI_ANY_SOURCE, control_tag, comm, &flag, &st);
-    if (flag) {
-      mpi_notice n;
-      MPI_Recv(&n, sizeof n, MPI_BYTE, st.MPI_SOURCE, control_tag, comm, MPI_STATUS_IGNORE);
-      on_notice(n);
-    }
-    if (!is_checked_tag(my_tag)) return;
-    flag = 0;
     MPI_Iprobe(peer >= 0 ? peer : MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, &st);
     if (flag && foreign_tag(my_tag, st.MPI_TAG)) on_foreign(st.MPI_SOURCE, st.MPI_TAG);
+  }
+  /// Takes a pending fault notice (throws peer_error or mismatch_error), as
+  /// poll() does, without looking at other messages; then the parent's.
+  void poll_notices() {
+    if (mpi_notice n; take_notice(MPI_ANY_SOURCE, n)) on_notice(n);
+    if (health.failed()) throw peer_error("mpi: rank " + std::to_string(rank) + " stops: " + health.failure());
+    if (parent) parent->poll_notices();
   }
   /// A peer's message carries another collective's fingerprint at our
   /// sequence number: tell everyone, give the peer up to 500 ms to name its
@@ -173,12 +187,7 @@ struct mpi_shared {
     fail_and_notify(partial, 2);
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
     while (std::chrono::steady_clock::now() < until) {
-      int flag = 0;
-      MPI_Status st;
-      MPI_Iprobe(peer, control_tag, comm, &flag, &st);
-      if (flag) {
-        mpi_notice n;
-        MPI_Recv(&n, sizeof n, MPI_BYTE, peer, control_tag, comm, MPI_STATUS_IGNORE);
+      if (mpi_notice n; take_notice(peer, n)) {
         // its side only if the notice is about this call (a notice it sent
         // for another reason carries a later call)
         if (n.fp.valid && n.fp.seq == mine.seq && n.fp.stream == mine.stream && !n.fp.same_call(mine))
@@ -329,45 +338,105 @@ private:
 };
 
 /// MPI transport over a communicator (models dpkit::transport,
-/// dpkit::native_collectives, dpkit::async_transport). Host memory only
-/// (a CUDA-aware MPI could accept device memory; not assumed). Move-only.
+/// dpkit::native_collectives, dpkit::async_transport,
+/// dpkit::shared_memory_transport, dpkit::splittable_transport,
+/// dpkit::hierarchical_transport). Host memory only (a CUDA-aware MPI could
+/// accept device memory; not assumed). Move-only.
+///
+/// Topology: the constructor finds each rank's node with
+/// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) (Open MPI groups the ranks of
+/// one host). When every rank is on one node the transport maps a shared
+/// segment (shm()); when the ranks span several nodes it has none, and it
+/// builds the sub-transports the hierarchical collectives run on instead:
+/// node_transport() over the node's ranks (with the node's shared segment)
+/// and cross_transport() over the peers on the other nodes.
+/// DPKIT_RANKS_PER_NODE=k (k >= 1) divides each host into virtual nodes of k
+/// consecutive local ranks, so a multi-node layout runs on one machine
+/// (tests; the shared segment then spans one virtual node).
 class mpi {
 public:
   /// Wraps `comm`. With `duplicate` (default), dpkit works on an
   /// MPI_Comm_dup of it (collective over comm), so its messages never match
   /// the application's; the duplicate is freed by the destructor, which must
-  /// run before MPI_Finalize.
-  /// @throws dpkit::error if MPI is not initialized or a call fails.
+  /// run before MPI_Finalize. Collective over comm: also finds the nodes and,
+  /// across nodes, splits the node and cross-node communicators (above).
+  /// @throws dpkit::error if MPI is not initialized or a call fails;
+  ///         dpkit::invalid_argument on a malformed DPKIT_RANKS_PER_NODE or
+  ///         DPKIT_SHM_BYTES.
   explicit mpi(MPI_Comm comm = MPI_COMM_WORLD, bool duplicate = true) {
-    int inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited) throw error("dpkit::mpi: MPI is not initialized (call MPI_Init_thread first)");
-    if (duplicate) {
-      detail::mpi_check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup", -1);
-      owned_ = true;
-    } else {
-      comm_ = comm;
-    }
-    detail::mpi_check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank", -1);
-    detail::mpi_check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size", rank_);
-    // MPI errors on dpkit's communicator become dpkit::error, not an abort.
-    if (owned_) detail::mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", rank_);
-    sh_->comm = comm_;
-    sh_->rank = rank_;
-    sh_->size = size_;
-    int* ub = nullptr;
-    int flag = 0;
-    MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &flag);
-    sh_->health.tags_enabled = flag && ub && *ub >= 0x7fffffff;
-    create_half_ops();
-    create_shm(detail::shm_bytes_from_env(4u << 20));
+    open(comm, duplicate);
+    discover_topology();
+    finish_setup();
   }
+
+  /// Splits this transport as MPI_Comm_split (splittable_transport): a
+  /// collective call of every rank; the ranks that pass the same `color`
+  /// form a new transport on a communicator of their own, ranked by (key,
+  /// rank). Its nodes are this transport's, restricted to its ranks (a shared
+  /// segment when they are on one node, a hierarchy when they span several).
+  /// The ranks first exchange (color, key) under `timeout`, so a rank that
+  /// never calls split yields timeout_error instead of a hang.
+  /// @param color >= 0.
+  /// @throws dpkit::invalid_argument if color < 0; dpkit::timeout_error;
+  ///         dpkit::communicator_error if this transport failed earlier;
+  ///         dpkit::error if an MPI call fails.
+  mpi split(int color, int key, std::chrono::milliseconds timeout = env_default_timeout()) {
+    if (color < 0)
+      throw invalid_argument("mpi::split: rank " + std::to_string(rank_) + ": color must be >= 0, got " +
+                             std::to_string(color));
+    sh_->health.check("mpi::split", rank_);
+    // (color, key) of every rank, waited against the deadline: once every
+    // rank has sent it, MPI_Comm_split no longer waits for a missing rank.
+    int mine[2] = {color, key};
+    std::vector<int> all(2 * static_cast<std::size_t>(size_));
+    MPI_Request r = MPI_REQUEST_NULL;
+    detail::mpi_check(MPI_Iallgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm_, &r), "MPI_Iallgather (split)",
+                      rank_);
+    sh_->call = detail::native_call{deadline_after(timeout), {}, true};
+    struct reset_call {
+      detail::mpi_shared& s;
+      ~reset_call() { s.call = {}; }
+    } reset{*sh_};
+    sh_->wait_native(r, "MPI_Iallgather (split)");
+    MPI_Comm sub = MPI_COMM_NULL;
+    detail::mpi_check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split", rank_);
+    // the new transport's ranks in this one's order give its layout
+    std::vector<long long> labels;
+    std::vector<std::pair<int, int>> members; // (key, rank) of my color
+    for (int p = 0; p < size_; ++p)
+      if (all[2 * static_cast<std::size_t>(p)] == color) members.emplace_back(all[2 * static_cast<std::size_t>(p) + 1], p);
+    std::stable_sort(members.begin(), members.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& m : members) labels.push_back(topo_.node_of(m.second));
+    return mpi(sub, node_layout::canonicalize(labels), nullptr);
+  }
+
+  /// True when MPI was initialized with MPI_THREAD_MULTIPLE, so this
+  /// transport's communication thread may call MPI while another thread
+  /// does (the hierarchical all-reduce then overlaps its stages).
+  static bool concurrent_calls() noexcept {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    return provided == MPI_THREAD_MULTIPLE;
+  }
+
+  /// Which node each rank is on (hierarchical_transport; see the class comment).
+  const node_topology& topology() const noexcept { return topo_; }
+  /// The transport over this rank's node (its shared segment), or nullptr when
+  /// !topology().hierarchical() (hierarchical_transport). Owned by this one.
+  mpi* node_transport() noexcept { return node_.get(); }
+  /// The transport over this rank's peers on the other nodes (uniform layout:
+  /// the ranks with its local rank; otherwise the nodes' leaders, and
+  /// nullptr on the other ranks), or nullptr when !topology().hierarchical()
+  /// (hierarchical_transport). Owned by this one.
+  mpi* cross_transport() noexcept { return cross_.get(); }
   mpi(const mpi&) = delete;
   mpi& operator=(const mpi&) = delete;
   mpi(mpi&& o) noexcept
       : comm_(o.comm_), owned_(o.owned_), rank_(o.rank_), size_(o.size_), half_ops_(o.half_ops_),
         arena_(std::move(o.arena_)), progress_(std::move(o.progress_)), sh_(std::move(o.sh_)),
-        shm_win_(o.shm_win_), shm_(std::move(o.shm_)) {
+        shm_win_(o.shm_win_), shm_(std::move(o.shm_)), topo_(std::move(o.topo_)), node_(std::move(o.node_)),
+        cross_(std::move(o.cross_)) {
     o.owned_ = false;
     o.half_ops_.fill(MPI_OP_NULL);
     o.shm_win_ = MPI_WIN_NULL;
@@ -533,24 +602,82 @@ public:
   }
 
 private:
-  // The shared segment: DPKIT_SHM_BYTES (default 4 MiB) per buffer, two
-  // buffers and a control line per rank, in one MPI-3 shared window over the
-  // node communicator. Collective over comm_. Not created when the ranks span
-  // several nodes (the refinement is then unavailable at run time).
-  void create_shm(std::size_t slot_bytes) {
-    if (slot_bytes == 0) return;
+  // A transport on a communicator of its own made by split() or for a
+  // hierarchy (`parent`: the transport whose node or cross-node part it is),
+  // with its layout given.
+  mpi(MPI_Comm owned, node_layout layout, detail::mpi_shared* parent) {
+    open(owned, false);
+    owned_ = true;
+    detail::mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", rank_);
+    topo_ = node_topology(std::move(layout), rank_);
+    sh_->parent = parent;
+    finish_setup();
+  }
+  void open(MPI_Comm comm, bool duplicate) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) throw error("dpkit::mpi: MPI is not initialized (call MPI_Init_thread first)");
+    if (duplicate) {
+      detail::mpi_check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup", -1);
+      owned_ = true;
+    } else {
+      comm_ = comm;
+    }
+    detail::mpi_check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank", -1);
+    detail::mpi_check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size", rank_);
+    // MPI errors on dpkit's communicator become dpkit::error, not an abort.
+    if (owned_) detail::mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", rank_);
+    sh_->comm = comm_;
+    sh_->rank = rank_;
+    sh_->size = size_;
+    // MPI_TAG_UB is cached on MPI_COMM_WORLD (and copied by MPI_Comm_dup),
+    // not on the communicators MPI_Comm_split makes: ask the world.
+    int* ub = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    sh_->health.tags_enabled = flag && ub && *ub >= 0x7fffffff;
+  }
+  // Every rank's node: the lowest rank of its MPI_COMM_TYPE_SHARED group
+  // (one host), subdivided by DPKIT_RANKS_PER_NODE; all-gathered.
+  void discover_topology() {
     MPI_Comm node = MPI_COMM_NULL;
     detail::mpi_check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
                       "MPI_Comm_split_type", rank_);
-    int node_size = 0, all_local = 0;
-    MPI_Comm_size(node, &node_size);
-    const int mine = node_size == size_ ? 1 : 0;
-    // Every rank must agree (a rank whose node holds all ranks implies all do, but be explicit).
-    detail::mpi_check(MPI_Allreduce(&mine, &all_local, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce", rank_);
-    if (!all_local) {
-      MPI_Comm_free(&node);
-      return;
-    }
+    int host_leader = rank_, local = 0;
+    MPI_Comm_rank(node, &local);
+    detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, &host_leader, 1, MPI_INT, MPI_MIN, node), "MPI_Allreduce", rank_);
+    MPI_Comm_free(&node);
+    const int per_node = detail::ranks_per_node_from_env();
+    const long long label = static_cast<long long>(host_leader) * (static_cast<long long>(size_) + 1) +
+                            (per_node > 0 ? local / per_node : 0);
+    std::vector<long long> labels(static_cast<std::size_t>(size_));
+    detail::mpi_check(MPI_Allgather(&label, 1, MPI_LONG_LONG, labels.data(), 1, MPI_LONG_LONG, comm_),
+                      "MPI_Allgather", rank_);
+    topo_ = node_topology(node_layout::canonicalize(labels), rank_);
+  }
+  // Half-precision ops, the shared segment (one node) or the hierarchy's
+  // sub-transports (several nodes).
+  void finish_setup() {
+    create_half_ops();
+    if (topo_.nodes() == 1) create_shm(detail::shm_bytes_from_env(4u << 20));
+    if (!topo_.hierarchical()) return;
+    MPI_Comm node = MPI_COMM_NULL, cross = MPI_COMM_NULL;
+    detail::mpi_check(MPI_Comm_split(comm_, topo_.node(), rank_, &node), "MPI_Comm_split", rank_);
+    node_.reset(new mpi(node, node_layout::single(topo_.local_size()), sh_.get()));
+    const int color = topo_.uniform() ? topo_.local_rank() : topo_.local_rank() == 0 ? 0 : MPI_UNDEFINED;
+    // ranked by node, so cross rank k is on node k
+    detail::mpi_check(MPI_Comm_split(comm_, color, topo_.node(), &cross), "MPI_Comm_split", rank_);
+    if (cross != MPI_COMM_NULL) cross_.reset(new mpi(cross, node_layout::blocks(topo_.nodes(), 1), sh_.get()));
+  }
+  // The shared segment: DPKIT_SHM_BYTES (default 4 MiB) per buffer, two
+  // buffers and a control line per rank, in one MPI-3 shared window over the
+  // communicator, whose ranks are on one node (topology). Collective over
+  // comm_. Not created when the ranks span several nodes (the refinement is
+  // then unavailable at run time: node_transport() has one).
+  void create_shm(std::size_t slot_bytes) {
+    if (slot_bytes == 0) return;
+    MPI_Comm node = MPI_COMM_NULL;
+    detail::mpi_check(MPI_Comm_dup(comm_, &node), "MPI_Comm_dup", rank_);
     // MPI only promises the window's natural alignment (Open MPI's osc/sm
     // hands out segments at offsets such as 0x108 under some builds), so ask
     // for 64 bytes more and start each rank's region at its next 64-byte
@@ -716,6 +843,8 @@ private:
   std::unique_ptr<detail::mpi_shared> sh_ = std::make_unique<detail::mpi_shared>();
   MPI_Win shm_win_ = MPI_WIN_NULL;
   std::unique_ptr<detail::shm_segment> shm_;
+  node_topology topo_;
+  std::unique_ptr<mpi> node_, cross_; // hierarchy (several nodes)
 };
 
 } // namespace dpkit
