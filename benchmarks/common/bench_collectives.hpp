@@ -78,7 +78,8 @@ inline coll_counts counts_for(collective k, std::size_t total, int n) {
 enum class transport_need {
   nothing,            ///< any dpkit transport (point-to-point algorithms)
   native_collectives, ///< dpkit::native_collectives<C> (MPI's own collectives)
-  shared_memory       ///< dpkit::shared_memory_transport<C> with a segment (one node)
+  shared_memory,      ///< dpkit::shared_memory_transport<C> with a segment (one node)
+  several_nodes       ///< dpkit::hierarchical_transport<C> whose ranks span nodes, some with several ranks
 };
 
 /// True when transport type C can offer `need`.
@@ -88,6 +89,7 @@ inline constexpr bool transport_has(transport_need need) noexcept {
   case transport_need::nothing: return true;
   case transport_need::native_collectives: return dpkit::native_collectives<C>;
   case transport_need::shared_memory: return dpkit::shared_memory_transport<C>;
+  case transport_need::several_nodes: return dpkit::hierarchical_transport<C>;
   }
   return false;
 }
@@ -96,6 +98,10 @@ inline constexpr bool transport_has(transport_need need) noexcept {
 /// only when every rank is on one node).
 template <class C>
 bool transport_ready(C& comm, transport_need need) {
+  if (need == transport_need::several_nodes) {
+    if constexpr (dpkit::hierarchical_transport<C>) return comm.topology().hierarchical();
+    else return false;
+  }
   if (need != transport_need::shared_memory) return transport_has<C>(need);
   if constexpr (dpkit::shared_memory_transport<C>) return dpkit::detail::shm_available(comm);
   else return false;
@@ -107,6 +113,7 @@ struct algorithm_entry {
   std::string_view label;  ///< -A spelling and the "# Algorithm:" line
   transport_need need;     ///< what the transport must offer
   unsigned collectives;    ///< bit (1 << collective) set when that collective has it
+  bool in_all = true;      ///< measured by -A all (the shm variants are asked for by name)
 };
 
 /// Bit of collective k in algorithm_entry::collectives.
@@ -126,6 +133,12 @@ inline constexpr std::array algorithm_table{
     algorithm_entry{dpkit::algorithm::tree, "tree", transport_need::nothing,
                     bit(collective::allreduce) | bit(collective::broadcast) | bit(collective::reduce)},
     algorithm_entry{dpkit::algorithm::shm, "shm", transport_need::shared_memory, all_collectives},
+    algorithm_entry{dpkit::algorithm::shm_one_shot, "shm1", transport_need::shared_memory, bit(collective::allreduce),
+                    false},
+    algorithm_entry{dpkit::algorithm::shm_two_shot, "shm2", transport_need::shared_memory, bit(collective::allreduce),
+                    false},
+    algorithm_entry{dpkit::algorithm::hierarchical, "hier", transport_need::several_nodes,
+                    bit(collective::allreduce) | bit(collective::broadcast)},
     algorithm_entry{dpkit::algorithm::native, "native", transport_need::native_collectives, all_collectives},
     algorithm_entry{dpkit::algorithm::automatic, "auto", transport_need::nothing, all_collectives},
 };

@@ -109,6 +109,10 @@ struct options {
   dpkit::collective_options copts;        ///< -S, --depth, -T
   std::string op_arg = "sum", type_arg = "float";
   std::vector<std::string> argv;          ///< the command line, for JSON
+  std::string tune_file;                  ///< --tune FILE (allreduce_perf)
+  std::string explain_arg;                ///< --explain SIZE (allreduce_perf)
+  std::size_t explain_bytes = 0;
+  std::string predict_shape;              ///< --predict NxL (allreduce_perf)
 };
 
 namespace detail {
@@ -168,7 +172,7 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
                  "last-level cache; 0: one set (default)");
   app.add_option("--csv", o.csv_file, "write results as CSV to this file (rank 0)");
   app.add_option("-A,--algorithm", o.algo_arg,
-                 "ring|tree|native|auto|all, or a comma list (dpkit extension), default auto");
+                 "ring|tree|shm|shm1|shm2|hier|native|auto|all, or a comma list (dpkit extension), default auto");
   app.add_option("-S,--segment-bytes", seg, "collective_options.segment_bytes (K/M/G suffixes) for tuning sweeps");
   app.add_option("--depth", depth, "collective_options.pipeline_depth (>= 1)");
   app.add_option("-T,--timeout", timeout_s, "collective timeout in seconds (default: DPKIT_TIMEOUT, else 30 min)");
@@ -176,6 +180,14 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
                "time native as dpkit runs it by default: MPI's non-blocking collective waited against the deadline "
                "(default: the blocking MPI call, the baseline)");
   app.add_option("--memory", memory, "host: where buffers live (device buffers are not supported)");
+  if (kind == collective::allreduce) {
+    app.add_option("--tune", o.tune_file,
+                   "measure every algorithm at each size of -b/-e/-f and the link costs; write the tuning file "
+                   "that auto reads through DPKIT_TUNING_FILE (docs/tuning.md)");
+    app.add_option("--explain", o.explain_arg, "print what auto runs for this many bytes on this transport, and why");
+    app.add_option("--predict", o.predict_shape,
+                   "NODESxRANKS: the cost model's busbw table over -b/-e/-f from DPKIT_TUNING_FILE's link costs");
+  }
 
   const bool print = detail::launcher_rank0();
   try {
@@ -195,6 +207,7 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
     o.max_bytes = parse_size(e);
     o.step_bytes = parse_size(i);
     if (!seg.empty()) o.copts.segment_bytes = parse_size(seg);
+    if (!o.explain_arg.empty()) o.explain_bytes = parse_size(o.explain_arg);
     if (rotate == "auto") {
       o.rotate_auto = true;
     } else {
@@ -219,7 +232,7 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
         if (comma == std::string_view::npos) break;
         rest.remove_prefix(comma + 1);
       }
-      if (o.algorithms.empty()) return fail("-A needs ring, tree, native, auto or all");
+      if (o.algorithms.empty()) return fail("-A needs ring, tree, shm, shm1, shm2, hier, native, auto or all");
     }
   } catch (const std::exception& ex) {
     return fail(ex.what());

@@ -19,6 +19,7 @@
 #include "bench_data.hpp"
 #include "bench_options.hpp"
 #include "bench_report.hpp"
+#include "bench_tune.hpp"
 
 #include <dpkit/dpkit.hpp>
 
@@ -156,7 +157,7 @@ private:
     const std::string tname(transport_name(transport_));
     if (o_.algo_all) {
       for (const auto& e : algorithm_table) {
-        if (!offered(e)) continue;
+        if (!offered(e) || !e.in_all) continue;
         if (!transport_ready(comm_, e.need)) {
           if (e.need == transport_need::native_collectives) skipped_native_ = true;
           continue;
@@ -177,7 +178,9 @@ private:
       if (!transport_ready(comm_, e->need))
         throw usage_error("-A " + label + ": the " + tname + " transport has no " +
                           (e->need == transport_need::shared_memory ? std::string("shared segment (ranks on several nodes?)")
-                                                                    : std::string("native collectives (run under mpirun without -t for MPI's)")));
+                           : e->need == transport_need::several_nodes
+                               ? std::string("ranks on several nodes (run across hosts, or set DPKIT_RANKS_PER_NODE)")
+                               : std::string("native collectives (run under mpirun without -t for MPI's)")));
       algos_.push_back(a);
     }
   }
@@ -441,8 +444,13 @@ inline int run_inproc(collective kind, const options& o) {
   std::atomic<int> failed{0};
   try {
     world.run([&](dpkit::inproc& comm) {
-      runner<dpkit::inproc> r(kind, comm, o, transport_kind::inproc);
-      const int f = r.run();
+      int f = 0;
+      if (!o.tune_file.empty()) f = tune_allreduce(comm, o, o.tune_file);
+      else if (!o.explain_arg.empty()) f = explain_allreduce(comm, o.explain_bytes);
+      else {
+        runner<dpkit::inproc> r(kind, comm, o, transport_kind::inproc);
+        f = r.run();
+      }
       if (comm.rank() == 0) failed = f;
     });
   } catch (const usage_error& e) {
@@ -461,9 +469,13 @@ inline int bench_main(collective kind, int argc, char** argv) {
   int code = 0;
   const auto o = parse_options(argc, argv, kind, code);
   if (!o) return code;
+  if (!o->predict_shape.empty()) return predict_allreduce(*o, o->predict_shape);
 #if defined(DPKIT_WITH_MPI)
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  // MPI_THREAD_MULTIPLE: the hierarchical all-reduce runs its stage between
+  // nodes on the cross transport's communication thread (native is timed
+  // under the same thread level)
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int size = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -482,8 +494,14 @@ inline int bench_main(collective kind, int argc, char** argv) {
   } else {
     try {
       dpkit::mpi comm(MPI_COMM_WORLD);
-      runner<dpkit::mpi> r(kind, comm, *o, transport_kind::mpi);
-      rc = r.run() ? 1 : 0;
+      if (!o->tune_file.empty()) {
+        rc = tune_allreduce(comm, *o, o->tune_file);
+      } else if (!o->explain_arg.empty()) {
+        rc = explain_allreduce(comm, o->explain_bytes);
+      } else {
+        runner<dpkit::mpi> r(kind, comm, *o, transport_kind::mpi);
+        rc = r.run() ? 1 : 0;
+      }
     } catch (const usage_error& e) {
       if (rank == 0) std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
       rc = 1;

@@ -260,17 +260,19 @@ TEST_CASE("collective facts and the algorithm table") {
   CHECK(db::inplace_result_offset(db::collective::reduce_scatter, 2, 5) == 10);
   CHECK(db::inplace_result_offset(db::collective::allgather, 2, 5) == 0);
 
-  auto labels = [](db::collective k) {
+  auto labels = [](db::collective k, bool all_only = false) {
     std::string s;
     for (const auto& e : db::algorithm_table)
-      if (e.collectives & db::bit(k)) s += std::string(e.label) + " ";
+      if ((e.collectives & db::bit(k)) && (!all_only || e.in_all)) s += std::string(e.label) + " ";
     return s;
   };
-  CHECK(labels(db::collective::allreduce) == "ring tree shm native auto ");
+  CHECK(labels(db::collective::allreduce) == "ring tree shm shm1 shm2 hier native auto ");
+  CHECK(labels(db::collective::allreduce, true) == "ring tree shm hier native auto ");
   CHECK(labels(db::collective::reduce_scatter) == "ring shm native auto ");
   CHECK(labels(db::collective::allgather) == "ring shm native auto ");
-  CHECK(labels(db::collective::broadcast) == "tree shm native auto ");
+  CHECK(labels(db::collective::broadcast) == "tree shm hier native auto ");
   CHECK(labels(db::collective::reduce) == "tree shm native auto ");
+  CHECK(db::transport_has<dpkit::inproc>(db::transport_need::several_nodes)); // inproc knows its (virtual) nodes
   CHECK(db::algorithm_label(dpkit::algorithm::automatic) == "auto");
   CHECK(db::transport_has<dpkit::inproc>(db::transport_need::nothing));
   CHECK_FALSE(db::transport_has<dpkit::inproc>(db::transport_need::native_collectives));

@@ -10,5 +10,7 @@
 #include "collectives/async.hpp"
 #include "collectives/barrier.hpp"
 #include "collectives/broadcast.hpp"
+#include "collectives/cost_model.hpp"
 #include "collectives/reduce.hpp"
 #include "collectives/reduce_scatter.hpp"
+#include "collectives/tuning.hpp"

@@ -260,14 +260,14 @@ TEST_CASE("automatic all-reduce picks shm when the transport has a segment, and 
   }
 }
 
-TEST_CASE("allreduce_shm by size: one-shot up to the threshold of the world size, two-shot above") {
-  // Two ranks: one-shot up to 256 KiB; three or more: up to 64 KiB
-  // (allreduce_policy's defaults, docs/tuning.md). The fingerprint names the
+TEST_CASE("automatic all-reduce on one node: one-shot below the threshold of the world size, two-shot from it") {
+  // Two ranks: one-shot below 256 KiB; three or more: below 64 KiB (the
+  // built-in tuning rules, docs/tuning.md). The fingerprint names the
   // algorithm that ran; the result is checked against the exact sum.
   for (int n : {2, 3}) {
     const std::size_t limit = n == 2 ? dpkit::shm_one_shot_max_bytes_two_ranks_default
                                      : dpkit::shm_one_shot_max_bytes_default;
-    for (std::size_t bytes : {limit, limit + 4}) {
+    for (std::size_t bytes : {limit - 4, limit}) {
       CAPTURE(n);
       CAPTURE(bytes);
       dpkit::inproc_world world(n, nullptr, std::size_t{1} << 20);
@@ -283,7 +283,7 @@ TEST_CASE("allreduce_shm by size: one-shot up to the threshold of the world size
         const auto fp = comm.health().current();
         algos[static_cast<std::size_t>(comm.rank())] = std::string(fp.algo, strnlen(fp.algo, sizeof fp.algo));
       });
-      for (auto& a : algos) CHECK(a == (bytes <= limit ? "shm1" : "shm2"));
+      for (auto& a : algos) CHECK(a == (bytes < limit ? "shm1" : "shm2"));
     }
   }
 }
@@ -455,18 +455,19 @@ TEST_CASE("shm segment: a region that is not 64-byte aligned is refused, naming 
   }
 }
 
-TEST_CASE("policy: shm is chosen only when available and within shm_max_bytes") {
+TEST_CASE("policy: shm is chosen only when available and allowed") {
   dpkit::allreduce_policy p;
-  CHECK(p.choose(8, 2, true) == dpkit::algorithm::shm);
+  CHECK(p.choose(8, 2, true) == dpkit::algorithm::shm_one_shot);
   CHECK(p.choose(8, 2, false) == dpkit::algorithm::tree);
   CHECK(p.choose(8, 1, true) == dpkit::algorithm::tree);
-  p.shm_max_bytes = 1024;
-  CHECK(p.choose(2048, 2, true) == dpkit::algorithm::tree);
-  CHECK(p.choose(1 << 20, 2, true) == dpkit::algorithm::ring);
+  CHECK(p.choose(1 << 20, 2, true) == dpkit::algorithm::shm_two_shot);
   p.use_shm = false;
   CHECK(p.choose(8, 2, true) == dpkit::algorithm::tree);
+  CHECK(p.choose(1 << 20, 2, true) == dpkit::algorithm::ring);
   CHECK(dpkit::parse_algorithm("shm") == dpkit::algorithm::shm);
   CHECK(dpkit::algorithm_name(dpkit::algorithm::shm) == "shm");
+  CHECK(dpkit::parse_algorithm("shm1") == dpkit::algorithm::shm_one_shot);
+  CHECK(dpkit::parse_algorithm("shm2") == dpkit::algorithm::shm_two_shot);
 }
 
 TEST_CASE("shm wait: a sleeper on a peer's futex is woken by its step and by abort_all, none is lost") {

@@ -56,38 +56,51 @@ TEST_CASE("algorithm: names and parsing") {
   }
 }
 
-TEST_CASE("allreduce_policy: equality, printing, choose") {
+TEST_CASE("allreduce_policy: equality, printing, choose by the built-in tuning rules") {
   using dpkit::algorithm;
   dpkit::allreduce_policy p;
   CHECK(p == dpkit::allreduce_policy{});
-  // Defaults measured with allreduce_perf (docs/tuning.md).
-  CHECK(str(p) == "allreduce_policy{algo=automatic, tree_max_bytes=4096, tree_min_world=4, "
-                  "tree_max_bytes_large_world=65536, use_shm=1, shm_max_bytes=18446744073709551615, "
-                  "shm_one_shot_max_bytes=65536, shm_one_shot_max_bytes_two_ranks=262144}");
+  CHECK(str(p) == "allreduce_policy{algo=automatic, use_shm=1, use_hierarchical=1, use_native=1, tuning=env}");
   dpkit::allreduce_policy ring{algorithm::ring};
   CHECK_FALSE(p == ring);
   CHECK(str(ring).find("algo=ring") != std::string::npos);
   auto q = p;
-  q.tree_min_world = 8;
+  q.use_shm = false;
   CHECK_FALSE(p == q);
   // Explicit algorithms are returned as is.
-  for (auto a : {algorithm::ring, algorithm::tree, algorithm::native}) {
+  for (auto a : {algorithm::ring, algorithm::tree, algorithm::native, algorithm::hierarchical}) {
     dpkit::allreduce_policy e{a};
     CHECK(e.choose(0, 1) == a);
     CHECK(e.choose(1u << 30, 1024) == a);
   }
-  // automatic: tree below tree_max_bytes ...
+  // automatic without a segment: tree below 4 KiB ...
   CHECK(p.choose(0, 2) == algorithm::tree);
   CHECK(p.choose(4095, 2) == algorithm::tree);
   CHECK(p.choose(4096, 2) == algorithm::ring);
   CHECK(p.choose(4096, 3) == algorithm::ring);
-  // ... and on large worlds below tree_max_bytes_large_world.
+  // ... and from 4 ranks below 64 KiB
   CHECK(p.choose(4096, 4) == algorithm::tree);
   CHECK(p.choose(65535, 64) == algorithm::tree);
   CHECK(p.choose(65536, 64) == algorithm::ring);
   CHECK(p.choose(1u << 30, 2) == algorithm::ring);
-  CHECK(q.choose(60000, 8) == algorithm::tree);
-  CHECK(q.choose(60000, 7) == algorithm::ring);
+  // with a segment: one-shot to 256 KiB on 2 ranks, 64 KiB on more, two-shot above
+  CHECK(p.choose(8, 2, true) == algorithm::shm_one_shot);
+  CHECK(p.choose(256u << 10, 2, true) == algorithm::shm_two_shot);
+  CHECK(p.choose((256u << 10) - 1, 2, true) == algorithm::shm_one_shot);
+  CHECK(p.choose((64u << 10) - 1, 3, true) == algorithm::shm_one_shot);
+  CHECK(p.choose(64u << 10, 3, true) == algorithm::shm_two_shot);
+  CHECK(p.choose(8, 1, true) == algorithm::tree); // one rank: nothing to share
+  CHECK(q.choose(8, 2, true) == algorithm::tree);  // use_shm = false
+  // across nodes: hierarchical where some node has several ranks
+  const dpkit::tuning_availability across{false, true, true};
+  CHECK(p.choose(8, dpkit::tuning_key{4, 2, 2}, across) == algorithm::hierarchical);
+  CHECK(p.choose(1u << 26, dpkit::tuning_key{6, 3, 2}, across) == algorithm::hierarchical);
+  auto no_hier = p;
+  no_hier.use_hierarchical = false;
+  CHECK(no_hier.choose(8, dpkit::tuning_key{4, 2, 2}, across) == algorithm::tree);
+  CHECK(p.choose(1u << 20, dpkit::tuning_key{4, 4, 1}, {false, false, true}) == algorithm::ring);
+  // the built-in rules never pick native
+  CHECK(p.choose(8, dpkit::tuning_key{2, 1, 2}, {false, false, true}) == algorithm::tree);
 }
 
 TEST_CASE("errors: hierarchy") {

@@ -1,10 +1,12 @@
 /// @file allreduce.hpp
 /// @brief `allreduce(comm, tensor, op, policy)`: all-reduce with the algorithm
-/// chosen by an allreduce_policy: ring, tree, or the transport's native
-/// all-reduce (MPI_Allreduce, ncclAllReduce). Asynchronous variants of every
+/// chosen by an allreduce_policy: ring, tree, shm (one node), hierarchical
+/// (across nodes), or the transport's native all-reduce (MPI_Allreduce,
+/// ncclAllReduce). Asynchronous variants of every
 /// collective are in async.hpp.
 #pragma once
 
+#include "allreduce_hierarchical.hpp"
 #include "allreduce_ring.hpp"
 #include "allreduce_shm.hpp"
 #include "allreduce_tree.hpp"
@@ -13,22 +15,45 @@
 namespace dpkit {
 
 /// Out-of-place all-reduce with the algorithm chosen by `policy`:
-/// out[i] = op over all ranks of in[i]. Every rank must pass the same count,
-/// op, policy and options (so they choose the same algorithm).
+/// out[i] = op over all ranks of in[i]. With algorithm::automatic the
+/// tuning table decides (tuning.hpp) for the message's bytes and the
+/// transport's shape (ranks, nodes, ranks per node) among what it can run
+/// now: the shared-memory algorithms on one node (host tensors),
+/// hierarchical across nodes, native where a tuning rule names it. Every
+/// rank must pass the same count, op, policy and options and see the same
+/// DPKIT_TUNING_FILE (so they choose the same algorithm; a rank that chose
+/// another one is reported as a mismatch_error, not a wrong result).
 /// @throws dpkit::invalid_argument (sizes, spaces, native unsupported),
-///         dpkit::timeout_error.
+///         dpkit::timeout_error, dpkit::format_error (a DPKIT_TUNING_FILE
+///         that cannot be parsed).
 template <transport C, tensor In, tensor Out>
 void allreduce(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum, const allreduce_policy& policy = {},
                const collective_options& o = {}) {
   using T = tensor_value_t<In>;
   const int n = comm.size();
-  const bool shm_ok = policy.algo == algorithm::automatic && space_of(in) == memory_space::host &&
-                      space_of(out) == memory_space::host && detail::shm_available(comm);
-  switch (policy.choose(size_of(in) * sizeof(T), n, shm_ok)) {
+  algorithm a = policy.algo;
+  if (a == algorithm::automatic) {
+    const bool host = space_of(in) == memory_space::host && space_of(out) == memory_space::host;
+    tuning_key key{n, 1, n};
+    tuning_availability avail{host && detail::shm_available(comm), false, native_collectives<C>};
+    if constexpr (hierarchical_transport<C>) {
+      const node_topology& t = comm.topology();
+      key = {n, t.nodes(), t.max_local_size()};
+      avail.hierarchical = t.hierarchical();
+    }
+    a = policy.choose(size_of(in) * sizeof(T), key, avail);
+  }
+  switch (a) {
   case algorithm::tree: allreduce_tree(comm, in, out, op, o); return;
-  case algorithm::shm:
-    allreduce_shm(comm, in, out, op, o, policy.shm_one_shot_max_bytes, policy.shm_one_shot_max_bytes_two_ranks);
+  case algorithm::hierarchical: {
+    allreduce_policy flat = policy;
+    flat.algo = algorithm::automatic;
+    allreduce_hierarchical(comm, in, out, op, o, flat);
     return;
+  }
+  case algorithm::shm: allreduce_shm(comm, in, out, op, o); return;
+  case algorithm::shm_one_shot: allreduce_shm_one_shot(comm, in, out, op, o); return;
+  case algorithm::shm_two_shot: allreduce_shm_two_shot(comm, in, out, op, o); return;
   case algorithm::native: {
     const auto ctx = detail::make_context(comm, "allreduce_native");
     const auto ip_outp = detail::resolve_inout(comm, ctx, in, out, size_of(in));

@@ -1,0 +1,255 @@
+// dpkit internals: the bodies of the hierarchical (node-aware) all-reduce and
+// broadcast (collectives/allreduce_hierarchical.hpp and
+// broadcast_hierarchical.hpp are their documented entry points). They run on
+// a hierarchical_transport's sub-transports: node_transport() inside a node
+// (its shared segment when it has one) and cross_transport() between nodes.
+// Not for users.
+#pragma once
+
+#include "../allreduce_ring.hpp"
+#include "../allreduce_tree.hpp"
+#include "../../core/async.hpp"
+#include "../broadcast_tree.hpp"
+#include "../policy.hpp"
+#include "../reduce_tree.hpp"
+#include "common.hpp"
+#include "shm_collectives.hpp"
+#include "shm_steps.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+namespace dpkit::detail {
+
+/// Options for a stage of a hierarchical collective: the same stream and
+/// check level, and what is left of the whole collective's deadline (at
+/// least 1 ms, so a stage that starts late still names itself on timeout).
+inline collective_options stage_options(const collective_options& o, deadline due) {
+  collective_options s = o;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(due - clock::now());
+  s.timeout = std::max(left, std::chrono::milliseconds(1));
+  return s;
+}
+
+/// The all-reduce between nodes of one stage (on the cross-node transport of
+/// N ranks, one per node): tree or ring, as the tuning table decides for N
+/// nodes of one rank (no shared segment spans nodes).
+template <class X, element T>
+void cross_allreduce(X& cross, T* data, std::size_t count, memory_space space, reduce_op op,
+                     const collective_options& o, const allreduce_policy& flat) {
+  tensor_view<T> v{data, count, space};
+  const int n = cross.size();
+  if (flat.choose(count * sizeof(T), tuning_key{n, n, 1}, tuning_availability{}) == algorithm::tree)
+    allreduce_tree(cross, v, v, op, o);
+  else allreduce_ring(cross, v, v, op, o);
+}
+
+/// Reduce to local rank 0 of the node (shm when the node transport has a
+/// segment and the buffers are host memory, else tree).
+template <class N, element T>
+void node_reduce(N& node, const T* in, T* out, std::size_t count, memory_space space, reduce_op op,
+                 const collective_options& o) {
+  if (space == memory_space::host && shm_available(node)) {
+    const auto ctx = make_context(node, "reduce_shm");
+    reduce_shm_raw<N, T>(node, ctx, shm_of(node, ctx), in, out, count, op, 0, o);
+  } else {
+    tensor_view<const T> vi{in, count, space};
+    tensor_view<T> vo{out, node.rank() == 0 ? count : 0, space};
+    if (node.rank() == 0) reduce_tree(node, vi, vo, op, 0, o);
+    else reduce_tree(node, vi, tensor_view<T>{nullptr, 0, space}, op, 0, o);
+  }
+}
+
+/// Broadcast from local rank `root` of the node (shm or tree, as node_reduce).
+template <class N, element T>
+void node_broadcast(N& node, T* data, std::size_t count, memory_space space, int root, const collective_options& o) {
+  if (space == memory_space::host && shm_available(node)) {
+    const auto ctx = make_context(node, "broadcast_shm");
+    broadcast_shm_raw<N, T>(node, ctx, shm_of(node, ctx), data, data, count, root, o);
+  } else {
+    tensor_view<T> v{data, count, space};
+    broadcast_tree(node, v, v, root, o);
+  }
+}
+
+/// True when the cross-node transport can run a collective on its
+/// communication thread while this thread runs the node's stages
+/// (async_transport, and for MPI a library initialized with
+/// MPI_THREAD_MULTIPLE).
+template <class X>
+bool can_overlap(X& cross) {
+  if constexpr (!async_transport<X>) return false;
+  else if constexpr (requires { cross.concurrent_calls(); }) return cross.concurrent_calls();
+  else return true;
+}
+
+/// Hierarchical all-reduce through the nodes' shared segments (uniform
+/// layout, host memory), in chunks of one buffer: for chunk t, every local
+/// rank copies in the slices its node peers reduce, one step, local rank l
+/// reduces slice l of the node's inputs (rank order) into its output, and
+/// starts the all-reduce of that slice with the ranks of local rank l on the
+/// other nodes (cross transport); then it finishes chunk t-1: waits for its
+/// cross all-reduce, puts the slice in its buffer, one step, and copies every
+/// peer's slice of chunk t-1 out. With a cross transport that has a
+/// communication thread (can_overlap), chunk t's all-reduce between nodes
+/// runs there while this thread prepares chunk t+1, so the network and the
+/// node's memory work at once. Each node sends each element over the
+/// network once per cross step, and the L cross all-reduces of a node run at
+/// once.
+template <class N, class X, element T>
+void hier_allreduce_shm(N& node, X& cross, const T* in, T* out, std::size_t count, reduce_op op, int world_size,
+                        const collective_options& o, deadline due, const allreduce_policy& flat) {
+  const auto lctx = make_context(node, "allreduce_hierarchical (node stage)");
+  shm_segment& seg = shm_of(node, lctx);
+  const int n = lctx.size, r = lctx.rank;
+  const std::size_t cap = shm_chunk_elems<T>(seg, lctx);
+  shm_claim claim(seg, lctx);
+  const reduce_op stage_op = op == reduce_op::avg ? reduce_op::sum : op;
+  collective_scope<N> S(node, lctx, coll_kind::allreduce, "hier", element_type_of_v<T>, count, op, -1,
+                        stage_options(o, due));
+  shm_steps<N> st(node, seg, S, lctx);
+  // one chunk: nothing to overlap, and a hand-off to the communication
+  // thread and back costs more than it saves
+  const bool overlap = count > cap && can_overlap(cross);
+  struct chunk {
+    std::size_t off = 0, m = 0;
+    collective_handle h; // the cross all-reduce, when it runs on the cross transport's thread
+    bool active = false;
+  };
+  // Waits for chunk c's all-reduce between nodes, then all-gathers it
+  // inside the node through the shared buffer.
+  auto finish = [&](chunk& c) {
+    S.guard([&] { c.h.wait(); });
+    const auto own = chunk_range(c.m, n, r);
+    const std::size_t sb = own.first, se = own.second;
+    T* mine = out + c.off + sb;
+    if (op == reduce_op::avg) divide_host(mine, se - sb, static_cast<std::size_t>(world_size));
+    const int b = st.next_buffer();
+    if (se > sb)
+      std::memcpy(static_cast<void*>(reinterpret_cast<T*>(st.mine(b)) + sb), static_cast<const void*>(mine),
+                  (se - sb) * sizeof(T));
+    st.step();
+    for (int p = 0; p < n; ++p) {
+      const auto [pb, pe] = chunk_range(c.m, n, p);
+      if (p != r && pe > pb)
+        std::memcpy(static_cast<void*>(out + c.off + pb),
+                    static_cast<const void*>(reinterpret_cast<const T*>(st.of(p, b)) + pb), (pe - pb) * sizeof(T));
+    }
+    c.active = false;
+  };
+  chunk prev;
+  for (std::size_t off = 0; off < count; off += cap) {
+    chunk cur;
+    cur.off = off;
+    cur.m = std::min(cap, count - off);
+    const int b = st.next_buffer();
+    for (int p = 0; p < n; ++p) {
+      const auto [pb, pe] = chunk_range(cur.m, n, p);
+      if (p != r && pe > pb)
+        std::memcpy(static_cast<void*>(reinterpret_cast<T*>(st.mine(b)) + pb), static_cast<const void*>(in + off + pb),
+                    (pe - pb) * sizeof(T));
+    }
+    st.step();
+    const auto own = chunk_range(cur.m, n, r);
+    const std::size_t sb = own.first, se = own.second;
+    // slice r of the node's sum, in rank order, into this rank's output. In
+    // place, ranks 0 and 1 may read their own input where they write (the
+    // first reduction reads both before writing); from rank 2 on the first
+    // reduction would overwrite it, so the own slice is read from a copy in
+    // this rank's buffer, whose slice-r region no peer reads.
+    T* mine = out + off + sb;
+    const T* own_in = in + off + sb;
+    if (in == out && r >= 2 && se > sb) {
+      T* copy = reinterpret_cast<T*>(st.mine(b)) + sb;
+      std::memcpy(static_cast<void*>(copy), static_cast<const void*>(own_in), (se - sb) * sizeof(T));
+      own_in = copy;
+    }
+    shm_reduce_ranks<T>(
+        mine, [&](int p) { return p == r ? own_in : reinterpret_cast<const T*>(st.of(p, b)) + sb; }, n, se - sb,
+        stage_op);
+    const std::size_t len = se - sb;
+    if (overlap) {
+      if constexpr (async_transport<X>) {
+        const collective_options co = stage_options(o, due);
+        cur.h = cross.progress().submit(
+            [&cross, mine, len, stage_op, co, flat] { cross_allreduce(cross, mine, len, memory_space::host, stage_op, co, flat); });
+      }
+    } else {
+      S.guard([&] { cross_allreduce(cross, mine, len, memory_space::host, stage_op, stage_options(o, due), flat); });
+    }
+    cur.active = true;
+    if (prev.active) finish(prev);
+    prev = std::move(cur);
+  }
+  if (prev.active) finish(prev);
+}
+
+/// Hierarchical all-reduce through one leader per node (any layout, any
+/// memory space): reduce to local rank 0, all-reduce among the leaders,
+/// broadcast from local rank 0.
+template <class N, class X, element T>
+void hier_allreduce_leader(N& node, X* cross, const T* in, T* out, std::size_t count, memory_space space,
+                           reduce_op op, int world_size, const collective_options& o, deadline due,
+                           const allreduce_policy& flat, const local_ops<T>& L) {
+  const reduce_op stage_op = op == reduce_op::avg ? reduce_op::sum : op;
+  node_reduce(node, in, out, count, space, stage_op, stage_options(o, due));
+  if (node.rank() == 0) {
+    cross_allreduce(*cross, out, count, space, stage_op, stage_options(o, due), flat);
+    if (op == reduce_op::avg) {
+      L.divide(out, count, static_cast<std::size_t>(world_size));
+      L.sync();
+    }
+  }
+  node_broadcast(node, out, count, space, 0, stage_options(o, due));
+}
+
+/// Hierarchical all-reduce of `count` elements on transport `comm` (see
+/// allreduce_hierarchical): numbered and checked as one collective of comm;
+/// a failure in any stage fails comm (its peers stop within milliseconds).
+template <class C, element T>
+void allreduce_hierarchical_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t count,
+                                reduce_op op, memory_space space, const collective_options& o,
+                                const allreduce_policy& flat, const local_ops<T>& L) {
+  collective_scope<C> S(comm, ctx, coll_kind::allreduce, "hier", element_type_of_v<T>, count, op, -1, o);
+  if (count == 0) return;
+  const node_topology& topo = comm.topology();
+  auto* node = comm.node_transport();
+  auto* cross = comm.cross_transport();
+  S.guard([&] {
+    if (topo.uniform() && space == memory_space::host && shm_available(*node))
+      hier_allreduce_shm(*node, *cross, in, out, count, op, ctx.size, o, S.due(), flat);
+    else
+      hier_allreduce_leader(*node, cross, in, out, count, space, op, ctx.size, o, S.due(), flat, L);
+  });
+}
+
+/// Hierarchical broadcast from world rank `root`: inside root's node from
+/// root, then between nodes among the ranks of root's local rank (uniform
+/// layout; otherwise the leaders, after root's node reached its leader), then
+/// inside every other node.
+template <class C, element T>
+void broadcast_hierarchical_raw(C& comm, const op_context& ctx, T* data, std::size_t count, int root,
+                                memory_space space, const collective_options& o) {
+  collective_scope<C> S(comm, ctx, coll_kind::broadcast, "hier", element_type_of_v<T>, count, std::nullopt, root, o);
+  if (count == 0) return;
+  const node_topology& topo = comm.topology();
+  auto* node = comm.node_transport();
+  auto* cross = comm.cross_transport();
+  const int root_node = topo.node_of(root);
+  // root's local rank: its position among its node's ranks
+  const auto root_members = topo.layout().ranks_of(root_node);
+  const int root_local =
+      static_cast<int>(std::find(root_members.begin(), root_members.end(), root) - root_members.begin());
+  const int relay = topo.uniform() ? root_local : 0; // the local rank that crosses nodes
+  S.guard([&] {
+    if (topo.node() == root_node) node_broadcast(*node, data, count, space, root_local, stage_options(o, S.due()));
+    if (topo.local_rank() == relay && cross) {
+      tensor_view<T> v{data, count, space};
+      broadcast_tree(*cross, v, v, root_node, stage_options(o, S.due()));
+    }
+    if (topo.node() != root_node) node_broadcast(*node, data, count, space, relay, stage_options(o, S.due()));
+  });
+}
+
+} // namespace dpkit::detail
