@@ -6,6 +6,7 @@
 //   mpirun -np 2 build/examples/torch_lm --steps 200
 //   mpirun -np 2 build/examples/torch_lm --steps 100 --checkpoint ckpt.pt --checkpoint-every 50
 //   mpirun -np 2 build/examples/torch_lm --steps 200 --resume ckpt.pt
+//   scripts/cluster.sh run -np 4 build/examples/torch_lm --steps 100 --inter-node-every 4   # two-speed sync, 2 nodes
 //
 // Data: dpkit's JSONL index of build/data/debian-descriptions.jsonl with its
 // num_tokens column (built on first use next to the corpus) feeds dpkit's
@@ -85,6 +86,7 @@ struct args {
   std::int64_t warmup = 3; // steps left out of the timing summary
   int as_rank = 0, log_every = 1;
   int threads = 0; // intra-op threads per rank; 0: sized to the rank's CPUs
+  int inter_node_every = 1; // two-speed sync: parameters averaged across nodes every k steps
 };
 
 using clk = std::chrono::steady_clock;
@@ -320,6 +322,7 @@ int run(const args& a) {
     o.gradient_as_bucket_view = a.bucket_view;
     o.comm_thread = !a.no_comm_thread;
     o.find_unused_parameters = a.find_unused;
+    o.inter_node_every = a.inter_node_every;
     o.algorithm.algo = dpkit::parse_algorithm(a.algorithm);
     o.comm_hook = a.compression == "f16" ? dpkit::gradient_compression::f16
                   : a.compression == "bf16" ? dpkit::gradient_compression::bf16
@@ -400,6 +403,8 @@ int run(const args& a) {
     }
     if (finite) opt.step();
     else ++skipped;
+    bool averaged = false;
+    if (ddp) averaged = ddp->average_parameters(); // two-speed sync: the large step, every --inter-node-every steps
     const double step_s = since(t0);
     const double exposed = std::chrono::duration<double>(ready - backward_end).count(); // = ddp_step_result::exposed_seconds
     // Metrics: mean loss over ranks, tokens summed, times maxed (one small collective, for the log).
@@ -450,8 +455,9 @@ int run(const args& a) {
     if (rank == 0) {
       if (loss_log) std::fprintf(loss_log, "%lld %.9g\n", static_cast<long long>(step), gl);
       if (a.log_every > 0 && (step % a.log_every == 0 || step + 1 == a.steps)) {
-        std::printf("step %lld loss %.4f tokens %.0f step %.1f ms tokens/s %.0f exposed_comm %.2f ms%s\n",
-                    static_cast<long long>(step), gl, gt, 1e3 * gs, gt / gs, 1e3 * ge, finite ? "" : " (non-finite: skipped)");
+        std::printf("step %lld loss %.4f tokens %.0f step %.1f ms tokens/s %.0f exposed_comm %.2f ms%s%s\n",
+                    static_cast<long long>(step), gl, gt, 1e3 * gs, gt / gs, 1e3 * ge, finite ? "" : " (non-finite: skipped)",
+                    averaged ? " (parameters averaged across nodes)" : "");
         std::fflush(stdout);
       }
     }
@@ -518,6 +524,10 @@ int main(int argc, char** argv) {
   app.add_option("--json", a.json, "rank 0 writes the timing summary here");
   app.add_option("--warmup", a.warmup, "steps left out of the timing summary");
   app.add_option("--log-every", a.log_every, "log every K steps (0: summary only)");
+  app.add_option("--inter-node-every", a.inter_node_every,
+                 "two-speed sync: average gradients inside each node every step and the parameters across nodes "
+                 "after steps 0, k, 2k, ... (1: plain DDP)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--threads", a.threads, "intra-op threads per rank (0: the rank's CPUs divided among the ranks sharing them)")
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);

@@ -23,6 +23,7 @@
 
 #if __has_include("fusion/gradient_reducer.hpp")
 #include "fusion/gradient_reducer.hpp"
+#include "fusion/model_averager.hpp"
 #endif
 #if __has_include("data.hpp")
 #include "data.hpp"

@@ -562,3 +562,74 @@ TEST_CASE("distributed_data_parallel argument errors") {
 }
 
 } // TEST_SUITE
+
+TEST_CASE("inter_node_every: 1 is plain DDP bitwise; k > 1 keeps nodes apart between averagings, equal after them") {
+  const auto ref = seeded_model(77);
+  const auto layout = dpkit::node_layout::blocks(2, 2);
+  const int n = layout.size(), steps = 6;
+  // params[run][rank] after every step, flattened
+  auto train = [&](int k, bool set_option) {
+    std::vector<std::vector<std::vector<float>>> per_step(static_cast<std::size_t>(steps),
+                                                          std::vector<std::vector<float>>(static_cast<std::size_t>(n)));
+    std::vector<torch_lm::lm> models;
+    for (int r = 0; r < n; ++r) models.push_back(copy_of(ref));
+    dpkit::inproc_world w(layout);
+    w.run([&](dpkit::inproc& comm) {
+      auto& model = models[static_cast<std::size_t>(comm.rank())];
+      dpkit::ddp_options o;
+      o.bucket_cap_mb = 0.01;
+      if (set_option) o.inter_node_every = k;
+      dpkit::distributed_data_parallel<dpkit::inproc> ddp(model, comm, o);
+      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      for (int s = 0; s < steps; ++s) {
+        opt.zero_grad();
+        auto loss = torch_lm::lm_loss(model, rows_for(comm.rank(), s, 2, 8, tiny().vocab));
+        loss.backward();
+        ddp.finish();
+        opt.step();
+        ddp.average_parameters();
+        std::vector<float> flat;
+        for (const auto& p : model->parameters()) {
+          auto c = p.detach().contiguous();
+          flat.insert(flat.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+        }
+        per_step[static_cast<std::size_t>(s)][static_cast<std::size_t>(comm.rank())] = std::move(flat);
+      }
+    });
+    return per_step;
+  };
+  const auto plain = train(1, false);
+  const auto one = train(1, true);
+  for (int s = 0; s < steps; ++s)
+    for (int r = 0; r < n; ++r) CHECK(one[static_cast<std::size_t>(s)][static_cast<std::size_t>(r)] == plain[static_cast<std::size_t>(s)][static_cast<std::size_t>(r)]);
+  const auto two = train(3, true); // averaged after steps 0 and 3
+  for (int s = 0; s < steps; ++s) {
+    const auto& v = two[static_cast<std::size_t>(s)];
+    CAPTURE(s);
+    CHECK(v[0] == v[1]); // a node's ranks stay identical
+    CHECK(v[2] == v[3]);
+    if (s % 3 == 0) CHECK(v[0] == v[2]); // everyone equal after an averaging step
+    else CHECK(v[0] != v[2]);            // the nodes train apart in between
+  }
+  CHECK(two[5][0] != plain[5][0]); // and it is not plain DDP
+  // forgetting average_parameters() is an error, not a silent drift
+  dpkit::inproc_world w(layout);
+  std::vector<torch_lm::lm> models;
+  for (int r = 0; r < n; ++r) models.push_back(copy_of(ref));
+  w.run([&](dpkit::inproc& comm) {
+    dpkit::ddp_options o;
+    o.inter_node_every = 2;
+    dpkit::distributed_data_parallel<dpkit::inproc> ddp(models[static_cast<std::size_t>(comm.rank())], comm, o);
+    for (int s = 0; s < 2; ++s) {
+      auto loss = torch_lm::lm_loss(models[static_cast<std::size_t>(comm.rank())], rows_for(comm.rank(), s, 2, 8, tiny().vocab));
+      loss.backward();
+      if (s == 0) ddp.finish();
+      else CHECK_THROWS_WITH_AS(ddp.finish(), doctest::Contains("average_parameters() was called 0 times after 1"),
+                                dpkit::invalid_argument);
+    }
+    dpkit::ddp_options bad;
+    bad.inter_node_every = 0;
+    CHECK_THROWS_AS(dpkit::distributed_data_parallel<dpkit::inproc>(models[static_cast<std::size_t>(comm.rank())], comm, bad),
+                    dpkit::invalid_argument);
+  });
+}

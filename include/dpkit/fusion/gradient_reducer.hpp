@@ -113,6 +113,14 @@ struct reducer_options {
   /// core and its collectives stall whenever a peer's thread is descheduled
   /// (docs/torch-ddp.md, "comm_thread"). Errors are reported by finish() either way.
   bool comm_thread = true;
+  /// All-reduce (and average over) the ranks of this rank's node only, not
+  /// the world: the frequent half of a two-speed sync (the intra-node
+  /// gradient all-reduce of torch's post_localSGD_hook with an intra-node
+  /// subgroup). Parameters then drift apart between nodes until a
+  /// periodic_model_averager averages them (model_averager.hpp). Needs a
+  /// hierarchical_transport; on one node it is the world, with one rank per
+  /// node nothing is communicated.
+  bool node_local = false;
   friend bool operator==(const reducer_options&, const reducer_options&) = default;
 };
 
@@ -121,7 +129,8 @@ inline std::ostream& operator<<(std::ostream& os, const reducer_options& o) {
   return os << "reducer_options{buckets=" << o.buckets << ", algorithm=" << o.algorithm << ", collective={"
             << o.collective << "}, divide_by_world_size=" << o.divide_by_world_size
             << ", compression=" << o.compression << ", gradient_as_bucket_view=" << o.gradient_as_bucket_view
-            << ", compute_stats=" << o.compute_stats << ", comm_thread=" << o.comm_thread << "}";
+            << ", compute_stats=" << o.compute_stats << ", comm_thread=" << o.comm_thread
+            << ", node_local=" << o.node_local << "}";
 }
 
 /// What finish() reports.
@@ -511,6 +520,11 @@ private:
       if (params_[i].space != memory_space::host)
         throw invalid_argument(prefix("gradient_reducer") + "parameter " + label(i) +
                                " is in device memory; gradient_reducer supports host memory only");
+    if constexpr (!hierarchical_transport<C>)
+      if (opt_.node_local)
+        throw invalid_argument(prefix("gradient_reducer") +
+                               "node_local needs a transport that knows its nodes (a hierarchical_transport: "
+                               "dpkit::mpi, dpkit::inproc)");
     marked_.assign(params_.size(), 0);
     accumulated_.assign(params_.size(), 0);
     bucket_plan p = plan_buckets(params_, opt_.buckets);
@@ -651,7 +665,7 @@ private:
     const auto started = std::chrono::steady_clock::now();
     const bucket& bk = plan_.buckets[b];
     const std::size_t count = bk.bytes / element_size(bk.type);
-    const std::size_t world = static_cast<std::size_t>(comm_.size());
+    const std::size_t world = sync_group_size();
     visit_element_type(bk.type, [&](auto z) {
       using T = decltype(z);
       T* data = reinterpret_cast<T*>(bufs_[b].data());
@@ -666,7 +680,7 @@ private:
       if (!done) {
         const reduce_op op = opt_.divide_by_world_size ? reduce_op::avg : reduce_op::sum;
         tensor_view<T> v{data, count, memory_space::host};
-        allreduce(comm_, v, v, op, opt_.algorithm, opt_.collective);
+        on_sync_group([&](auto& g) { allreduce(g, v, v, op, opt_.algorithm, opt_.collective); });
       }
       if (opt_.compute_stats) sumsq_[b] = detail::sum_of_squares(data, count);
     });
@@ -680,13 +694,32 @@ private:
       }
   }
 
+  // Runs f on the transport the gradients are synchronized over: the world,
+  // or with node_local this rank's node (nothing with one rank per node).
+  template <class F>
+  void on_sync_group(F&& f) {
+    if constexpr (hierarchical_transport<C>) {
+      if (opt_.node_local && comm_.topology().nodes() > 1) {
+        if (auto* node = comm_.node_transport()) f(*node);
+        return;
+      }
+    }
+    f(comm_);
+  }
+  // The ranks the gradients are averaged over.
+  std::size_t sync_group_size() const {
+    if constexpr (hierarchical_transport<C>)
+      if (opt_.node_local) return static_cast<std::size_t>(comm_.topology().local_size());
+    return static_cast<std::size_t>(comm_.size());
+  }
+
   template <class T, class H>
   void reduce_compressed(T* data, std::size_t count, std::size_t world) {
     H* h = reinterpret_cast<H*>(scratch_.data());
     const T d = opt_.divide_by_world_size ? static_cast<T>(world) : T(1);
     for (std::size_t i = 0; i < count; ++i) h[i].bits = H::from_float(static_cast<float>(data[i] / d));
     tensor_view<H> v{h, count, memory_space::host};
-    allreduce(comm_, v, v, reduce_op::sum, opt_.algorithm, opt_.collective);
+    on_sync_group([&](auto& g) { allreduce(g, v, v, reduce_op::sum, opt_.algorithm, opt_.collective); });
     for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<T>(H::to_float(h[i].bits));
   }
 

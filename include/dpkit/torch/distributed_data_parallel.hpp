@@ -45,6 +45,7 @@
 
 #include "../core/errors.hpp"
 #include "../fusion/gradient_reducer.hpp"
+#include "../fusion/model_averager.hpp"
 #include "tensor.hpp"
 
 #include <torch/csrc/autograd/engine.h>
@@ -102,6 +103,17 @@ struct ddp_options {
   /// with backward; false, inside the gradient hook that makes the bucket
   /// ready, on the backward thread (for ranks that outnumber cores).
   bool comm_thread = true;
+  /// The two-speed sync ("small sync inside a node often, large sync
+  /// between nodes rarely"): with k > 1 every step averages the gradients
+  /// over this rank's node only (reducer_options::node_local: torch's
+  /// post_localSGD_hook with an intra-node subgroup), and average_parameters(),
+  /// called after each optimizer step, averages the parameters over every
+  /// rank after steps 0, k, 2k, ... (torch's PeriodicModelAverager with
+  /// period k); optimizer states stay local. 1 (default): plain DDP,
+  /// gradients averaged over every rank in every step (bitwise the same
+  /// steps as without the option). > 1 needs a transport that knows its
+  /// nodes (hierarchical_transport) and CPU parameters.
+  int inter_node_every = 1;
   /// All-reduce algorithm of every bucket.
   allreduce_policy algorithm{};
   /// Segment size, timeout and tag of every collective.
@@ -224,6 +236,23 @@ public:
     ro.compute_stats = opt_.compute_stats;
     ro.comm_thread = opt_.comm_thread;
     ro.gradient_as_bucket_view = true; // the wrapper writes every gradient into its bucket slot itself
+    if (opt_.inter_node_every < 1)
+      throw invalid_argument(prefix("distributed_data_parallel") + "inter_node_every must be >= 1, got " +
+                             std::to_string(opt_.inter_node_every));
+    if (opt_.inter_node_every > 1) {
+      if constexpr (!hierarchical_transport<C>)
+        throw invalid_argument(prefix("distributed_data_parallel") + "inter_node_every " +
+                               std::to_string(opt_.inter_node_every) +
+                               " needs a transport that knows its nodes (dpkit::mpi, dpkit::inproc)");
+      for (std::size_t i = 0; i < params_.size(); ++i)
+        if (!params_[i].device().is_cpu() || !params_[i].is_contiguous())
+          throw invalid_argument(prefix("distributed_data_parallel") + "parameter '" + names_[i] +
+                                 "': inter_node_every > 1 averages parameters in place and needs contiguous CPU "
+                                 "parameters");
+      ro.node_local = true;
+      averager_ = std::make_unique<periodic_model_averager<C>>(comm_, opt_.inter_node_every, 0, opt_.algorithm,
+                                                               opt_.collective);
+    }
     reducer_ = std::make_unique<gradient_reducer<C>>(comm_, std::move(infos), ro, names_);
     ready_.assign(params_.size(), 0);
     state_->owner = this;
@@ -323,6 +352,14 @@ public:
     const auto called = clock::now();
     ddp_step_result res;
     if (no_sync_) return res;
+    if (averager_ && averager_->step() != static_cast<long long>(synchronized_steps_)) {
+      discard_step();
+      throw invalid_argument(prefix("finish") + "inter_node_every " + std::to_string(opt_.inter_node_every) +
+                             ": average_parameters() was called " + std::to_string(averager_->step()) +
+                             " times after " + std::to_string(synchronized_steps_) +
+                             " synchronized steps; call it once after every optimizer step (the nodes' "
+                             "parameters would otherwise drift apart for good)");
+    }
     if (hook_error_) {
       auto e = std::exchange(hook_error_, nullptr);
       discard_step();
@@ -378,6 +415,25 @@ public:
 
   /// The result of the last synchronized finish().
   const ddp_step_result& last_result() const noexcept { return last_; }
+
+  /// The two-speed sync's large step (inter_node_every = k > 1): call it
+  /// after every optimizer step, as torch's
+  /// PeriodicModelAverager.average_parameters(model.parameters()); after
+  /// steps 0, k, 2k, ... it replaces every parameter by its average over all
+  /// ranks (one fused all-reduce per dtype, hierarchical across nodes) and
+  /// returns true. With inter_node_every == 1 it does nothing and returns
+  /// false. Collective.
+  /// @throws the all-reduce's errors (timeout_error, mismatch_error, ...).
+  bool average_parameters() {
+    if (!averager_) return false;
+    std::vector<gradient_ref> refs;
+    refs.reserve(params_.size());
+    for (auto& p : params_)
+      refs.push_back({p.data_ptr(), static_cast<std::size_t>(p.numel()), check_torch_tensor(p, "average_parameters"),
+                      memory_space::host});
+    torch::NoGradGuard no_grad;
+    return averager_->average_parameters(refs);
+  }
 
   /// torch.nn.utils.clip_grad_norm_ on the averaged gradients, using the norm
   /// the last finish() computed in the reduction (no collective, no extra
@@ -543,6 +599,7 @@ private:
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
   std::unique_ptr<gradient_reducer<C>> reducer_;
+  std::unique_ptr<periodic_model_averager<C>> averager_; // inter_node_every > 1
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
   std::vector<std::uint8_t> ready_;
