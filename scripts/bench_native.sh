@@ -16,6 +16,10 @@
 #   NP=4 scripts/bench_native.sh                 # more ranks (--oversubscribe)
 #   KEEP=dir scripts/bench_native.sh             # keep both runs' CSV and logs in dir
 #   ROUNDS=5 scripts/bench_native.sh             # 5 rounds of both runs, alternated
+#   CLUSTER=1 SECOND=han NP=4 scripts/bench_native.sh   # on the emulated cluster
+#                                                # (scripts/cluster.sh up first): the second run
+#                                                # forces coll/han (Open MPI's hierarchical
+#                                                # collectives) instead of coll/sm
 #
 # With ROUNDS=k > 1 the two runs alternate k times (tuned, sm, tuned, sm, ...)
 # and every cell is the median over the k rounds of that cell; the last
@@ -28,7 +32,9 @@
 # Extra arguments are passed to both runs; a flag given there replaces the
 # default (-b 8 -e 256M -f 2 -d float -o sum -c 1). Environment: NP (2),
 # ROUNDS (1), BUILD (build), KEEP (a directory for the raw files; default: a
-# temporary one, removed).
+# temporary one, removed), CLUSTER (1: launch through scripts/cluster.sh run,
+# across its nodes), SECOND (sm or han: the native component of the second
+# run, default sm), DPKIT_TUNING_FILE (what auto reads; passed to the ranks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -51,12 +57,23 @@ for d in "-b --minbytes 8" "-e --maxbytes 256M" "-f --stepfactor 2" "-d --dataty
   for a in "$@"; do [ "$a" = "$short" ] || [ "$a" = "$long" ] || [[ "$a" == "$long="* ]] && given=1; done
   [ $given = 1 ] || defaults+=("$short" "$value")
 done
+if [ "${CLUSTER:-0}" = 1 ]; then
+  launch=(scripts/cluster.sh run -np "$NP")
+else
+  launch=(mpirun -np "$NP" --oversubscribe)
+fi
+SECOND=${SECOND:-sm}
+case "$SECOND" in
+sm) second_mca=(--mca coll_sm_priority 100) ;;
+han) second_mca=(--mca coll_han_priority 100) ;;
+*) echo "bench_native.sh: SECOND must be sm or han, not '$SECOND'" >&2; exit 2 ;;
+esac
 run() { # name, -A value, extra mpirun args...
   local name=$1 algos=$2
   shift 2
-  echo "# run: mpirun -np $NP --oversubscribe $* $BUILD/benchmarks/allreduce_perf ${defaults[*]} -A $algos $EXTRA --csv $dir/$name.csv" >&2
+  echo "# run: ${launch[*]} $* $BUILD/benchmarks/allreduce_perf ${defaults[*]} -A $algos $EXTRA --csv $dir/$name.csv" >&2
   # shellcheck disable=SC2086
-  if ! mpirun -np "$NP" --oversubscribe "$@" "$BUILD/benchmarks/allreduce_perf" "${defaults[@]}" -A "$algos" $EXTRA \
+  if ! "${launch[@]}" "$@" "$BUILD/benchmarks/allreduce_perf" "${defaults[@]}" -A "$algos" $EXTRA \
       --csv "$dir/$name.csv" >"$dir/$name.log" 2>&1; then
     cat "$dir/$name.log" >&2
     echo "bench_native.sh: the $name run failed (log above)" >&2
@@ -70,14 +87,14 @@ ROUNDS=${ROUNDS:-1}
 for ((k = 1; k <= ROUNDS; ++k)); do
   suffix=$([ "$ROUNDS" = 1 ] || echo ".$k")
   run "tuned$suffix" all
-  run "sm$suffix" native --mca coll_sm_priority 100
+  run "$SECOND$suffix" native "${second_mca[@]}"
 done
-python3 - "$dir" "$NP" "$ROUNDS" <<'EOF'
+python3 - "$dir" "$NP" "$ROUNDS" "$SECOND" <<'EOF'
 import csv
 import statistics
 import sys
 
-dir_, np, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+dir_, np, rounds, second = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 names = [""] if rounds == 1 else [f".{k}" for k in range(1, rounds + 1)]
 
 
@@ -94,7 +111,7 @@ def load(path):
 
 
 t_runs = [load(f"{dir_}/tuned{n}.csv") for n in names]
-s_runs = [load(f"{dir_}/sm{n}.csv")[0] for n in names]
+s_runs = [load(f"{dir_}/{second}{n}.csv")[0] for n in names]
 t_algos = t_runs[0][1]
 dpkit = [a for a in t_algos if a != "native"]
 sizes = sorted({s for (_, s) in t_runs[0][0]})
@@ -133,7 +150,7 @@ t_only = [rows for rows, _ in t_runs]
 what = "time per op (us), slowest rank" + ("" if rounds == 1 else f", median of {rounds} alternated rounds")
 for half, title in (("oop", "out-of-place"), ("ip", "in-place")):
     print(f"\n### allreduce, np={np}, float sum, {title}: {what}\n")
-    cols = [f"dpkit {a}" for a in dpkit] + ["native tuned", "native sm", "auto / best native"]
+    cols = [f"dpkit {a}" for a in dpkit] + ["native tuned", f"native {second}", "auto / best native"]
     if rounds > 1:
         cols.append("rounds auto >= best native")
     print("| size | " + " | ".join(cols) + " |")
