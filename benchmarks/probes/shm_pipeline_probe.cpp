@@ -43,7 +43,7 @@ using namespace dpkit::detail; // (shm_steps, chunk_range, shm_reduce_ranks)
 /// of a buffer (region p, where a full chunk puts it): in the buffer of step
 /// t + 1 a rank's regions q != r hold its copies of chunk t + 1's slices for
 /// rank q and region r its reduced slice of chunk t. Every write before a step
-/// goes to that step's buffer, as the step protocol requires (shm_steps.hpp),
+/// goes to that step's buffer, as the step protocol requires (collectives/shm/steps.hpp),
 /// so back-to-back collectives stay safe.
 template <class C, element T>
 void pipelined_two_shot(shm_steps<C>& st, const T* in, T* out, std::size_t count, std::size_t cap, int n, int r,

@@ -13,4 +13,5 @@
 #include "collectives/cost_model.hpp"
 #include "collectives/reduce.hpp"
 #include "collectives/reduce_scatter.hpp"
+#include "collectives/shm.hpp"
 #include "collectives/tuning.hpp"

@@ -21,7 +21,7 @@ namespace dpkit {
 ///   (tuning.hpp: DPKIT_TUNING_FILE, else the built-in rules) for the
 ///   message size and the transport's shape.
 /// - shm: through the transport's shared segment (shared_memory_transport;
-///   one-shot or two-shot by size, allreduce_shm.hpp); dpkit::invalid_argument
+///   one-shot or two-shot by size, shm/allreduce.hpp); dpkit::invalid_argument
 ///   when the transport has none at run time.
 /// - hierarchical: node-aware, across nodes (hierarchical_transport: inside
 ///   each node through its shared segment, between nodes among the peers of

@@ -1,13 +1,13 @@
 /// @file allgather.hpp
 /// @brief `allgather(comm, in, out, algorithm)`: all-gather with the algorithm
-/// chosen by the caller: ring (allgather_ring.hpp), shm (shm_collectives.hpp;
+/// chosen by the caller: ring (allgather_ring.hpp), shm (shm/allgather.hpp;
 /// what `automatic` picks when the transport has a shared segment, else ring)
 /// or the transport's native one (MPI_Allgather, ncclAllGather).
 /// Semantics of ncclAllGather.
 #pragma once
 
 #include "allgather_ring.hpp"
-#include "shm_collectives.hpp"
+#include "shm/allgather.hpp"
 #include "policy.hpp"
 
 namespace dpkit {

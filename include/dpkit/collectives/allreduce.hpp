@@ -8,7 +8,7 @@
 
 #include "allreduce_hierarchical.hpp"
 #include "allreduce_ring.hpp"
-#include "allreduce_shm.hpp"
+#include "shm/allreduce.hpp"
 #include "allreduce_tree.hpp"
 #include "policy.hpp"
 

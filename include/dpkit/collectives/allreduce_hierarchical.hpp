@@ -23,7 +23,7 @@
 #pragma once
 
 #include "allreduce_ring.hpp"
-#include "allreduce_shm.hpp"
+#include "shm/allreduce.hpp"
 #include "allreduce_tree.hpp"
 #include "detail/hierarchical.hpp"
 #include "policy.hpp"

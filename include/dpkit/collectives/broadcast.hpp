@@ -1,7 +1,7 @@
 /// @file broadcast.hpp
 /// @brief `broadcast(comm, in, out, root, algorithm)`: broadcast with the
 /// algorithm chosen by the caller: tree (broadcast_tree.hpp), shm
-/// (shm_collectives.hpp; what `automatic` picks when the transport has a
+/// (shm/broadcast.hpp; what `automatic` picks when the transport has a
 /// shared segment, else tree), hierarchical (broadcast_hierarchical.hpp;
 /// what `automatic` picks when the ranks span several nodes) or the
 /// transport's native one (MPI_Bcast, ncclBroadcast). Semantics of
@@ -10,7 +10,7 @@
 
 #include "broadcast_hierarchical.hpp"
 #include "broadcast_tree.hpp"
-#include "shm_collectives.hpp"
+#include "shm/broadcast.hpp"
 #include "policy.hpp"
 
 namespace dpkit {

@@ -10,7 +10,7 @@
 
 #include "broadcast_tree.hpp"
 #include "detail/hierarchical.hpp"
-#include "shm_collectives.hpp"
+#include "shm/broadcast.hpp"
 
 namespace dpkit {
 

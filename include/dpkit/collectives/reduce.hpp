@@ -1,7 +1,7 @@
 /// @file reduce.hpp
 /// @brief `reduce(comm, in, out, op, root, algorithm)`: reduce to one rank with
 /// the algorithm chosen by the caller: tree (reduce_tree.hpp), shm
-/// (shm_collectives.hpp; what `automatic` picks when the transport has a
+/// (shm/reduce.hpp; what `automatic` picks when the transport has a
 /// shared segment, else tree) or the transport's native one (MPI_Reduce,
 /// ncclReduce).
 /// Semantics of ncclReduce.
@@ -9,7 +9,7 @@
 
 #include "policy.hpp"
 #include "reduce_tree.hpp"
-#include "shm_collectives.hpp"
+#include "shm/reduce.hpp"
 
 namespace dpkit {
 

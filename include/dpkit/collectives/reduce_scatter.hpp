@@ -1,14 +1,14 @@
 /// @file reduce_scatter.hpp
 /// @brief `reduce_scatter(comm, in, out, op, algorithm)`: reduce-scatter with
 /// the algorithm chosen by the caller: ring (reduce_scatter_ring.hpp), shm
-/// (shm_collectives.hpp; what `automatic` picks when the transport has a
+/// (shm/reduce_scatter.hpp; what `automatic` picks when the transport has a
 /// shared segment, else ring) or the transport's native one
 /// (MPI_Reduce_scatter_block, ncclReduceScatter). Semantics of ncclReduceScatter.
 #pragma once
 
 #include "policy.hpp"
 #include "reduce_scatter_ring.hpp"
-#include "shm_collectives.hpp"
+#include "shm/reduce_scatter.hpp"
 
 namespace dpkit {
 

@@ -13,8 +13,9 @@
 #include "../policy.hpp"
 #include "../reduce_tree.hpp"
 #include "common.hpp"
-#include "shm_collectives.hpp"
-#include "shm_steps.hpp"
+#include "../shm/broadcast.hpp"
+#include "../shm/reduce.hpp"
+#include "../shm/steps.hpp"
 
 #include <algorithm>
 #include <chrono>

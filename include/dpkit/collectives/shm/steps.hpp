@@ -1,6 +1,10 @@
-// dpkit internals: numbered steps over a transport's shared segment
-// (transport/detail/shm_segment.hpp), the synchronization every shm algorithm
-// uses. Not for users.
+/// @file steps.hpp
+/// @brief Internal: numbered steps over a transport's shared segment
+/// (transport/detail/shm_segment.hpp), the synchronization every
+/// shared-memory algorithm of this folder uses, and the helpers they share
+/// (the segment of a transport, claiming it, chunk sizes, what automatic
+/// picks on one node). Not for users; the algorithms are allreduce.hpp,
+/// broadcast.hpp, reduce.hpp, allgather.hpp and reduce_scatter.hpp beside it.
 //
 // Protocol. Every rank keeps a step counter e in its control line. A step:
 // (1) the rank writes its own buffer (e + 1) % 2, (2) publishes e + 1 with a
@@ -17,8 +21,8 @@
 // millisecond) the transport's fault notices.
 #pragma once
 
+#include "../detail/common.hpp"
 #include "../policy.hpp"
-#include "common.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -235,6 +239,27 @@ algorithm automatic_with_shm(C& comm, coll_kind kind, std::size_t bytes, algorit
   default: break;
   }
   return algorithm::shm;
+}
+
+/// The shared segment of `comm` for a shm collective on host tensors, or
+/// invalid_argument naming the operation.
+template <class C>
+shm_segment& shm_for(C& comm, const op_context& ctx, memory_space space) {
+  if (space != memory_space::host) ctx.invalid("shared-memory collectives need host tensors");
+  return shm_of(comm, ctx);
+}
+
+/// dst = src[0] op src[1] op ... op src[n-1] over `len` elements (rank order,
+/// so every rank computing it gets the same bits); avg divides by n after.
+template <element T, class Src>
+void shm_reduce_ranks(T* dst, Src&& src, int n, std::size_t len, reduce_op op) {
+  if (len == 0) return;
+  if (n == 1) std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src(0)), len * sizeof(T));
+  else {
+    reduce_host(dst, src(0), src(1), len, op);
+    for (int p = 2; p < n; ++p) reduce_host(dst, static_cast<const T*>(dst), src(p), len, op);
+  }
+  if (op == reduce_op::avg) divide_host(dst, len, static_cast<std::size_t>(n));
 }
 
 } // namespace dpkit::detail
