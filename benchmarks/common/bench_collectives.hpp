@@ -138,7 +138,8 @@ inline constexpr std::array algorithm_table{
     algorithm_entry{dpkit::algorithm::shm_two_shot, "shm2", transport_need::shared_memory, bit(collective::allreduce),
                     false},
     algorithm_entry{dpkit::algorithm::hierarchical, "hier", transport_need::several_nodes,
-                    bit(collective::allreduce) | bit(collective::broadcast)},
+                    bit(collective::allreduce) | bit(collective::broadcast) | bit(collective::allgather) |
+                        bit(collective::reduce_scatter)},
     algorithm_entry{dpkit::algorithm::native, "native", transport_need::native_collectives, all_collectives},
     algorithm_entry{dpkit::algorithm::automatic, "auto", transport_need::nothing, all_collectives},
 };

@@ -268,8 +268,8 @@ TEST_CASE("collective facts and the algorithm table") {
   };
   CHECK(labels(db::collective::allreduce) == "ring tree shm shm1 shm2 hier native auto ");
   CHECK(labels(db::collective::allreduce, true) == "ring tree shm hier native auto ");
-  CHECK(labels(db::collective::reduce_scatter) == "ring shm native auto ");
-  CHECK(labels(db::collective::allgather) == "ring shm native auto ");
+  CHECK(labels(db::collective::reduce_scatter) == "ring shm hier native auto ");
+  CHECK(labels(db::collective::allgather) == "ring shm hier native auto ");
   CHECK(labels(db::collective::broadcast) == "tree shm hier native auto ");
   CHECK(labels(db::collective::reduce) == "tree shm native auto ");
   CHECK(db::transport_has<dpkit::inproc>(db::transport_need::several_nodes)); // inproc knows its (virtual) nodes

@@ -421,3 +421,73 @@ TEST_CASE("algorithm::hierarchical on a transport without nodes is invalid_argum
                          doctest::Contains("not a hierarchical_transport"), dpkit::invalid_argument);
   });
 }
+
+TEST_CASE_TEMPLATE("hierarchical all-gather and reduce-scatter equal the sequential reference on every rank", T, float,
+                   std::int32_t, dpkit::bf16, std::uint8_t) {
+  for (const auto& nl : layouts()) {
+    CAPTURE(nl.name);
+    const int n = nl.layout.size();
+    const std::size_t nn = static_cast<std::size_t>(n);
+    dpkit::inproc_world world(nl.layout, nullptr, 4096);
+    std::mutex mu;
+    std::vector<std::string> bad;
+    world.run([&](dpkit::inproc& comm) {
+      const int r = comm.rank();
+      auto fail = [&](const std::string& s) {
+        std::lock_guard lk(mu);
+        bad.push_back(std::string(nl.name) + " rank " + std::to_string(r) + ": " + s);
+      };
+      dpkit::collective_options o;
+      o.timeout = 60s;
+      std::uint64_t salt = 0;
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{3000}})
+        for (bool in_place : {false, true})
+          for (auto a : {dpkit::algorithm::hierarchical, dpkit::algorithm::automatic}) {
+            ++salt;
+            // all-gather
+            auto part = dpt::make_input<T>(dpkit::reduce_op::sum, r, count, 0, salt);
+            std::vector<T> out(count * nn, dpt::sentinel<T>());
+            if (in_place) {
+              std::copy(part.begin(), part.end(), out.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * count));
+              dpkit::allgather(comm, out, a, o);
+            } else {
+              dpkit::allgather(comm, part, out, a, o);
+            }
+            for (int p = 0; p < n; ++p) {
+              const auto want = dpt::make_input<T>(dpkit::reduce_op::sum, p, count, 0, salt);
+              if (count && std::memcmp(out.data() + static_cast<std::size_t>(p) * count, want.data(), count * sizeof(T)) != 0)
+                fail("all-gather count " + std::to_string(count) + ": part of rank " + std::to_string(p) + " wrong");
+            }
+            // reduce-scatter (sum and avg)
+            for (auto op : {dpkit::reduce_op::sum, dpkit::reduce_op::max, dpkit::reduce_op::avg}) {
+              ++salt;
+              auto in = dpt::make_input<T>(op, r, count * nn, 0, salt);
+              std::vector<T> res;
+              if (in_place) {
+                dpkit::reduce_scatter(comm, in, op, a, o);
+                res.assign(in.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * count),
+                           in.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r + 1) * count));
+              } else {
+                res.assign(count, dpt::sentinel<T>());
+                dpkit::reduce_scatter(comm, in, res, op, a, o);
+              }
+              for (std::size_t i = 0; i < count; ++i) {
+                const T want = dpt::reference<T>(op, n, static_cast<std::size_t>(r) * count + i, salt);
+                if (std::memcmp(&res[i], &want, sizeof(T)) != 0) {
+                  fail("reduce-scatter count " + std::to_string(count) + " op " + std::string(dpkit::reduce_op_name(op)) +
+                       (in_place ? " in place" : "") + " [" + std::to_string(i) + "]: " + std::to_string(dpt::to_double(res[i])) +
+                       " vs " + std::to_string(dpt::to_double(want)));
+                  break;
+                }
+              }
+            }
+          }
+      if (comm.topology().hierarchical() && comm.topology().uniform()) {
+        std::vector<T> v(nn);
+        dpkit::allgather(comm, v, dpkit::algorithm::automatic, o);
+        if (std::string(comm.health().current().algo) != "hier") fail("automatic all-gather did not pick hier");
+      }
+    });
+    for (const auto& b : bad) FAIL_CHECK(b);
+  }
+}

@@ -5,7 +5,8 @@
 // split against MPI_Comm_split itself; hierarchical all-reduce against
 // MPI_Allreduce (integers: exact) and bitwise identical on every rank
 // (floats), counts 0, 1, < ranks and larger than a node's shared buffer;
-// broadcast from every root against MPI_Bcast; and the unhappy path: a
+// broadcast from every root against MPI_Bcast, all-gather and reduce-scatter
+// against MPI_Allgather and MPI_Reduce_scatter_block; and the unhappy path: a
 // mismatch inside one node stops the ranks of every node within seconds, a
 // rank that never joins gives timeout_error within the deadline.
 #include <doctest/doctest.h>
@@ -172,6 +173,25 @@ TEST_CASE("mpi hierarchical broadcast from every root equals MPI_Bcast") {
       if (count) MPI_Bcast(ref.data(), static_cast<int>(count), MPI_INT32_T, root, MPI_COMM_WORLD);
       dpkit::broadcast(comm, v, root, root % 2 ? dpkit::algorithm::automatic : dpkit::algorithm::hierarchical);
       CHECK(v == ref);
+    }
+}
+
+TEST_CASE("mpi hierarchical all-gather and reduce-scatter equal MPI_Allgather and MPI_Reduce_scatter_block") {
+  dpkit::mpi comm(MPI_COMM_WORLD);
+  const int n = comm.size(), r = comm.rank();
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{300001}})
+    for (auto a : {dpkit::algorithm::hierarchical, dpkit::algorithm::automatic}) {
+      CAPTURE(count);
+      std::vector<std::int32_t> part(count), out(count * static_cast<std::size_t>(n), -1), ref(out.size());
+      for (std::size_t i = 0; i < count; ++i) part[i] = static_cast<std::int32_t>(r * 7919 + static_cast<int>(i));
+      if (count) MPI_Allgather(part.data(), static_cast<int>(count), MPI_INT32_T, ref.data(), static_cast<int>(count), MPI_INT32_T, MPI_COMM_WORLD);
+      dpkit::allgather(comm, part, out, a);
+      CHECK(out == ref);
+      std::vector<std::int64_t> in(count * static_cast<std::size_t>(n)), res(count, -1), rref(count);
+      for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<std::int64_t>((r + 1) * (i % 1009));
+      if (count) MPI_Reduce_scatter_block(in.data(), rref.data(), static_cast<int>(count), MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+      dpkit::reduce_scatter(comm, in, res, dpkit::reduce_op::sum, a);
+      CHECK(res == rref);
     }
 }
 

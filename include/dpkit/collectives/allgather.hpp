@@ -6,6 +6,7 @@
 /// Semantics of ncclAllGather.
 #pragma once
 
+#include "allgather_hierarchical.hpp"
 #include "allgather_ring.hpp"
 #include "shm/allgather.hpp"
 #include "policy.hpp"
@@ -15,7 +16,9 @@ namespace dpkit {
 /// Out-of-place all-gather: out[k * count + i] = rank k's in[i].
 /// @param in  count elements on every rank.
 /// @param out count x n elements, same element type and memory space.
-/// @param a   ring, native, shm (allgather_shm) or automatic (shm when the
+/// @param a   ring, native, shm (allgather_shm), hierarchical
+///            (allgather_hierarchical; what automatic picks across nodes of
+///            equal size) or automatic (shm when the
 ///            transport has a shared segment and the buffers are host memory,
 ///            else ring; ring also where it measured faster:
 ///            detail::automatic_with_shm, docs/tuning.md); tree does
@@ -26,9 +29,12 @@ template <transport C, tensor In, tensor Out>
 void allgather(C& comm, const In& in, Out&& out, algorithm a = algorithm::automatic, const collective_options& o = {}) {
   using T = tensor_value_t<In>;
   if (a == algorithm::automatic)
-    a = detail::automatic_with_shm(comm, detail::coll_kind::allgather, size_of(in) * sizeof(T),
-                                   algorithm::ring, in, out);
+    a = detail::hierarchical_uniform(comm)
+            ? algorithm::hierarchical
+            : detail::automatic_with_shm(comm, detail::coll_kind::allgather, size_of(in) * sizeof(T), algorithm::ring,
+                                         in, out);
   if (a == algorithm::ring) return allgather_ring(comm, in, out, o);
+  if (a == algorithm::hierarchical) return allgather_hierarchical(comm, in, out, o);
   if (a == algorithm::shm) return allgather_shm(comm, in, out, o);
   const auto ctx = detail::make_context(comm, "allgather_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
@@ -48,9 +54,12 @@ void allgather(C& comm, Tn&& t, algorithm a = algorithm::automatic, const collec
   using T = tensor_value_t<Tn>;
   if (a == algorithm::automatic) {
     const std::size_t per_rank = size_of(t) / static_cast<std::size_t>(comm.size()) * sizeof(T);
-    a = detail::automatic_with_shm(comm, detail::coll_kind::allgather, per_rank, algorithm::ring, t);
+    a = detail::hierarchical_uniform(comm)
+            ? algorithm::hierarchical
+            : detail::automatic_with_shm(comm, detail::coll_kind::allgather, per_rank, algorithm::ring, t);
   }
   if (a == algorithm::ring) return allgather_ring(comm, t, o);
+  if (a == algorithm::hierarchical) return allgather_hierarchical(comm, t, o);
   if (a == algorithm::shm) return allgather_shm(comm, t, o);
   const auto ctx = detail::make_context(comm, "allgather_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));

@@ -6,6 +6,7 @@
 /// (MPI_Reduce_scatter_block, ncclReduceScatter). Semantics of ncclReduceScatter.
 #pragma once
 
+#include "allgather_hierarchical.hpp"
 #include "policy.hpp"
 #include "reduce_scatter_ring.hpp"
 #include "shm/reduce_scatter.hpp"
@@ -16,7 +17,9 @@ namespace dpkit {
 /// @param in  count x n elements (n = world size) on every rank.
 /// @param out count elements, same element type and memory space.
 /// @param op  sum, prod, min, max or avg.
-/// @param a   ring, native, shm (reduce_scatter_shm) or automatic (shm when the
+/// @param a   ring, native, shm (reduce_scatter_shm), hierarchical
+///            (reduce_scatter_hierarchical; what automatic picks across nodes
+///            of equal size) or automatic (shm when the
 ///            transport has a shared segment and the buffers are host memory,
 ///            else ring; ring also where it measured faster:
 ///            detail::automatic_with_shm, docs/tuning.md); tree
@@ -30,9 +33,12 @@ void reduce_scatter(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::
   using T = tensor_value_t<In>;
   if (a == algorithm::automatic) {
     const std::size_t per_rank = size_of(in) / static_cast<std::size_t>(comm.size()) * sizeof(T);
-    a = detail::automatic_with_shm(comm, detail::coll_kind::reduce_scatter, per_rank, algorithm::ring, in, out);
+    a = detail::hierarchical_uniform(comm)
+            ? algorithm::hierarchical
+            : detail::automatic_with_shm(comm, detail::coll_kind::reduce_scatter, per_rank, algorithm::ring, in, out);
   }
   if (a == algorithm::ring) return reduce_scatter_ring(comm, in, out, op, o);
+  if (a == algorithm::hierarchical) return reduce_scatter_hierarchical(comm, in, out, op, o);
   if (a == algorithm::shm) return reduce_scatter_shm(comm, in, out, op, o);
   const auto ctx = detail::make_context(comm, "reduce_scatter_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));
@@ -56,9 +62,12 @@ void reduce_scatter(C& comm, Tn&& t, reduce_op op = reduce_op::sum, algorithm a 
   using T = tensor_value_t<Tn>;
   if (a == algorithm::automatic) {
     const std::size_t per_rank = size_of(t) / static_cast<std::size_t>(comm.size()) * sizeof(T);
-    a = detail::automatic_with_shm(comm, detail::coll_kind::reduce_scatter, per_rank, algorithm::ring, t);
+    a = detail::hierarchical_uniform(comm)
+            ? algorithm::hierarchical
+            : detail::automatic_with_shm(comm, detail::coll_kind::reduce_scatter, per_rank, algorithm::ring, t);
   }
   if (a == algorithm::ring) return reduce_scatter_ring(comm, t, op, o);
+  if (a == algorithm::hierarchical) return reduce_scatter_hierarchical(comm, t, op, o);
   if (a == algorithm::shm) return reduce_scatter_shm(comm, t, op, o);
   const auto ctx = detail::make_context(comm, "reduce_scatter_native");
   if (a != algorithm::native) detail::no_such_algorithm(ctx, algorithm_name(a));

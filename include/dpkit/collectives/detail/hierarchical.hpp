@@ -6,14 +6,18 @@
 // Not for users.
 #pragma once
 
+#include "../allgather_ring.hpp"
 #include "../allreduce_ring.hpp"
+#include "../reduce_scatter_ring.hpp"
 #include "../allreduce_tree.hpp"
 #include "../../core/async.hpp"
 #include "../broadcast_tree.hpp"
 #include "../policy.hpp"
 #include "../reduce_tree.hpp"
 #include "common.hpp"
+#include "../shm/allgather.hpp"
 #include "../shm/broadcast.hpp"
+#include "../shm/reduce_scatter.hpp"
 #include "../shm/reduce.hpp"
 #include "../shm/steps.hpp"
 
@@ -251,6 +255,99 @@ void broadcast_hierarchical_raw(C& comm, const op_context& ctx, T* data, std::si
     }
     if (topo.node() != root_node) node_broadcast(*node, data, count, space, relay, stage_options(o, S.due()));
   });
+}
+
+/// All-gather inside a node (shared memory with a segment and host
+/// buffers, else the ring); out holds node.size() parts of `count`.
+template <class N, element T>
+void node_allgather(N& node, const T* in, T* out, std::size_t count, memory_space space, const collective_options& o) {
+  tensor_view<const T> vi{in, count, space};
+  tensor_view<T> vo{out, count * static_cast<std::size_t>(node.size()), space};
+  if (space == memory_space::host && shm_available(node)) allgather_shm(node, vi, vo, o);
+  else allgather_ring(node, vi, vo, o);
+}
+/// Reduce-scatter inside a node (shm or ring, as node_allgather): in holds
+/// node.size() parts of `count`, out one.
+template <class N, element T>
+void node_reduce_scatter(N& node, const T* in, T* out, std::size_t count, memory_space space, reduce_op op,
+                         const collective_options& o) {
+  tensor_view<const T> vi{in, count * static_cast<std::size_t>(node.size()), space};
+  tensor_view<T> vo{out, count, space};
+  if (space == memory_space::host && shm_available(node)) reduce_scatter_shm(node, vi, vo, op, o);
+  else reduce_scatter_ring(node, vi, vo, op, o);
+}
+
+/// Hierarchical all-gather (uniform layout): every rank's `count` elements
+/// land at out[rank * count]. Stage 1, between nodes: the ranks of local
+/// rank l all-gather their parts (ring on the cross transport), so each holds
+/// the parts of local rank l of every node; stage 2, inside the node: the
+/// local ranks all-gather those N-part groups (shared memory); then every
+/// part moves to its rank's place. Each node's link carries (N-1)/N of the
+/// output, the minimum; a flat ring carries (n-1)/n of it through one link.
+template <class C, element T>
+void allgather_hierarchical_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t count,
+                                memory_space space, const collective_options& o, const local_ops<T>& L) {
+  collective_scope<C> S(comm, ctx, coll_kind::allgather, "hier", element_type_of_v<T>, count, std::nullopt, -1, o);
+  if (count == 0) return;
+  const node_topology& topo = comm.topology();
+  const std::size_t N = static_cast<std::size_t>(topo.nodes()), Lsz = static_cast<std::size_t>(topo.local_size());
+  scratch_arena::lease lease(arena_of(comm));
+  // the arena has two slots: the own part (small) comes from the heap
+  scratch<T> mine(count, L), cross_parts(N * count, L, &lease, 0), node_parts(Lsz * N * count, L, &lease, 1);
+  L.copy(mine.data(), in, count); // in may alias out (in place)
+  L.sync();
+  S.guard([&] {
+    tensor_view<const T> vi{mine.data(), count, space};
+    tensor_view<T> vo{cross_parts.data(), N * count, space};
+    allgather_ring(*comm.cross_transport(), vi, vo, stage_options(o, S.due()));
+    node_allgather(*comm.node_transport(), cross_parts.data(), node_parts.data(), N * count, space,
+                   stage_options(o, S.due()));
+  });
+  // node_parts[(l * N + k) * count] is the part of local rank l on node k
+  for (std::size_t k = 0; k < N; ++k) {
+    const auto members = topo.layout().ranks_of(static_cast<int>(k));
+    for (std::size_t l = 0; l < Lsz; ++l)
+      L.copy(out + static_cast<std::size_t>(members[l]) * count, node_parts.data() + (l * N + k) * count, count);
+  }
+  L.sync();
+}
+
+/// Hierarchical reduce-scatter (uniform layout): rank r's out is op over
+/// ranks of their in[r * count]. The input's parts are first grouped by
+/// local rank (the parts of local rank l of every node together); stage 1,
+/// inside the node: reduce-scatter of those groups (shared memory), so local
+/// rank l holds the node's sums of the N parts of local rank l; stage 2,
+/// between nodes: the ranks of local rank l reduce-scatter them (ring on the
+/// cross transport), each keeping its own part. Each node's link carries
+/// (N-1)/N of the input, the minimum.
+template <class C, element T>
+void reduce_scatter_hierarchical_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t count,
+                                     reduce_op op, memory_space space, const collective_options& o,
+                                     const local_ops<T>& L) {
+  collective_scope<C> S(comm, ctx, coll_kind::reduce_scatter, "hier", element_type_of_v<T>, count, op, -1, o);
+  if (count == 0) return;
+  const node_topology& topo = comm.topology();
+  const std::size_t N = static_cast<std::size_t>(topo.nodes()), Lsz = static_cast<std::size_t>(topo.local_size());
+  const reduce_op stage_op = op == reduce_op::avg ? reduce_op::sum : op;
+  scratch_arena::lease lease(arena_of(comm));
+  scratch<T> grouped(Lsz * N * count, L, &lease, 0), node_sums(N * count, L, &lease, 1);
+  for (std::size_t k = 0; k < N; ++k) {
+    const auto members = topo.layout().ranks_of(static_cast<int>(k));
+    for (std::size_t l = 0; l < Lsz; ++l)
+      L.copy(grouped.data() + (l * N + k) * count, in + static_cast<std::size_t>(members[l]) * count, count);
+  }
+  L.sync();
+  S.guard([&] {
+    node_reduce_scatter(*comm.node_transport(), grouped.data(), node_sums.data(), N * count, space, stage_op,
+                        stage_options(o, S.due()));
+    tensor_view<const T> vi{node_sums.data(), N * count, space};
+    tensor_view<T> vo{out, count, space};
+    reduce_scatter_ring(*comm.cross_transport(), vi, vo, stage_op, stage_options(o, S.due()));
+  });
+  if (op == reduce_op::avg) {
+    L.divide(out, count, static_cast<std::size_t>(ctx.size));
+    L.sync();
+  }
 }
 
 } // namespace dpkit::detail
