@@ -165,7 +165,8 @@ std::vector<std::vector<float>> reference(const dpkit::node_layout& layout, cons
 TEST_CASE("two-speed sync: node-local gradients and periodic averaging equal the sequential schedule, bitwise") {
   const std::vector<std::size_t> sizes = {300, 77, 1500}; // 1500 floats: several shared-memory chunks of 4 KiB
   for (const auto& layout : {dpkit::node_layout::blocks(2, 2), dpkit::node_layout::blocks(2, 3)})
-    for (auto [period, warmup] : {std::pair{1, 0}, std::pair{2, 0}, std::pair{4, 0}, std::pair{3, 2}}) {
+    for (const auto& pw : {std::pair{1, 0}, std::pair{2, 0}, std::pair{4, 0}, std::pair{3, 2}}) {
+      const int period = pw.first, warmup = pw.second; // no structured binding: clang 14 cannot capture one
       CAPTURE(layout.str());
       CAPTURE(period);
       CAPTURE(warmup);

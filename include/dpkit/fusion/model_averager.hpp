@@ -78,7 +78,9 @@ public:
                                ": a parameter is in device memory (host tensors only)");
       bytes[p.type] += p.bytes();
     }
-    for (const auto& [type, total] : bytes) {
+    for (const auto& entry : bytes) { // no structured binding: clang 14 cannot capture one
+      const element_type type = entry.first;
+      const std::size_t total = entry.second;
       auto& buf = flat_[type];
       buf.resize(total);
       std::size_t off = 0;
