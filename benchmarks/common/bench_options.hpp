@@ -109,6 +109,7 @@ struct options {
   dpkit::collective_options copts;        ///< -S, --depth, -T
   std::string op_arg = "sum", type_arg = "float";
   std::vector<std::string> argv;          ///< the command line, for JSON
+  bool skip_in_place = false;             ///< --skip-in-place: in-place halves print N/A
   std::string tune_file;                  ///< --tune FILE (allreduce_perf)
   std::string explain_arg;                ///< --explain SIZE (allreduce_perf)
   std::size_t explain_bytes = 0;
@@ -180,6 +181,9 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
                "time native as dpkit runs it by default: MPI's non-blocking collective waited against the deadline "
                "(default: the blocking MPI call, the baseline)");
   app.add_option("--memory", memory, "host: where buffers live (device buffers are not supported)");
+  app.add_flag("--skip-in-place", o.skip_in_place,
+               "measure out of place only (in-place columns print N/A): for MPI components whose MPI_IN_PLACE is "
+               "broken, e.g. Open MPI 4.1.4's coll/han, which crashes on in-place all-reduces from 256 KiB");
   if (kind == collective::allreduce) {
     app.add_option("--tune", o.tune_file,
                    "measure every algorithm at each size of -b/-e/-f and the link costs; write the tuning file "

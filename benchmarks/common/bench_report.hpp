@@ -88,7 +88,8 @@ struct row_result {
 /// Formats a time in microseconds as nccl-tests does (7 wide).
 inline std::string format_time(double us) {
   char buf[64];
-  if (us >= 10000.0) std::snprintf(buf, sizeof buf, "%7.0f", us);
+  if (us != us) std::snprintf(buf, sizeof buf, "%7s", "N/A"); // not measured (--skip-in-place)
+  else if (us >= 10000.0) std::snprintf(buf, sizeof buf, "%7.0f", us);
   else if (us >= 100.0) std::snprintf(buf, sizeof buf, "%7.1f", us);
   else std::snprintf(buf, sizeof buf, "%7.2f", us);
   return buf;

@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -397,7 +398,12 @@ private:
             }
             row.oop = bench<T>(a, s, op, root, false, row.bytes, tables_[i]);
             if (stream_ && out_) print_half(out_, row.oop);
-            row.ip = bench<T>(a, s, op, root, true, row.bytes, tables_[i]);
+            if (o_.skip_in_place) {
+              row.ip.time_us = std::numeric_limits<double>::quiet_NaN();
+              row.ip.wrong = -1;
+            } else {
+              row.ip = bench<T>(a, s, op, root, true, row.bytes, tables_[i]);
+            }
             if (stream_ && out_) {
               print_half(out_, row.ip);
               std::fprintf(out_, "\n");

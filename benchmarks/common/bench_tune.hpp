@@ -1,7 +1,8 @@
 // dpkit benchmarks: allreduce_perf's tuner and its cost-model reports.
 //   --tune FILE    measures every all-reduce algorithm this transport can run
-//                  at each size of -b/-e/-f (in place, -n iterations per
-//                  round, 5 rounds with the algorithms' order rotated, the
+//                  at each size of -b/-e/-f (in place, up to -n iterations
+//                  per round (about 50 ms of calls), 5 rounds with the
+//                  algorithms' order rotated, the
 //                  median round of the slowest rank), the link costs of the
 //                  cost model (ping-pong within a node and between two nodes,
 //                  a local reduction), and writes the tuning file
@@ -173,8 +174,8 @@ int tune_allreduce(C& comm, const options& o, const std::string& file) {
     std::fprintf(out, "# dpkit tuner: allreduce on %d ranks, %d node(s), up to %d per node; candidates:", n, key.nodes,
                  key.max_local);
     for (auto a : cands) std::fprintf(out, " %s", label(a).c_str());
-    std::fprintf(out, "\n# in place, float sum, %d iterations x 5 rounds per size and algorithm (order rotated), "
-                      "median round of the slowest rank\n", o.iters);
+    std::fprintf(out, "\n# in place, float sum, up to %d iterations (about 50 ms of calls) x 5 rounds per size and "
+                      "algorithm (order rotated), median round of the slowest rank\n", o.iters);
   }
   std::vector<float> buf(sizes.empty() ? 0 : sizes.back() / 4);
   dpkit::collective_options co = o.copts;
@@ -188,6 +189,22 @@ int tune_allreduce(C& comm, const options& o, const std::string& file) {
   for (std::size_t bytes : sizes) {
     std::span<float> v(buf.data(), bytes / 4);
     std::vector<std::vector<double>> per(cands.size());
+    // iterations per round: -n, fewer where one call is long (about 50 ms
+    // of calls per round and algorithm, at least one), from a timed call of
+    // every candidate (the same count on every rank)
+    int iters = o.iters;
+    {
+      double slowest = 0;
+      for (auto a : cands) {
+        dpkit::allreduce(comm, v, dpkit::reduce_op::sum, dpkit::allreduce_policy{a}, co);
+        h.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        dpkit::allreduce(comm, v, dpkit::reduce_op::sum, dpkit::allreduce_policy{a}, co);
+        slowest = std::max(slowest, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      slowest = h.max(slowest);
+      iters = std::clamp(static_cast<int>(0.05 / std::max(slowest, 1e-9)), 1, o.iters);
+    }
     for (int round = 0; round < rounds; ++round)
       for (std::size_t j = 0; j < cands.size(); ++j) {
         const std::size_t c = (j + static_cast<std::size_t>(round)) % cands.size();
@@ -195,8 +212,8 @@ int tune_allreduce(C& comm, const options& o, const std::string& file) {
         dpkit::allreduce(comm, v, dpkit::reduce_op::sum, p, co); // warm-up
         h.barrier();
         const auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < o.iters; ++i) dpkit::allreduce(comm, v, dpkit::reduce_op::sum, p, co);
-        const double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / o.iters;
+        for (int i = 0; i < iters; ++i) dpkit::allreduce(comm, v, dpkit::reduce_op::sum, p, co);
+        const double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
         per[c].push_back(h.max(t));
       }
     result r{bytes, {}};
@@ -226,6 +243,34 @@ int tune_allreduce(C& comm, const options& o, const std::string& file) {
     same_node = 1;
   }
   if (same_node > 0) t.intra = measure_link(comm, h, 0, same_node);
+  // dpkit's collectives inside a node synchronize through the shared
+  // segment, not messages: the intra-node latency is one shared-memory step
+  // (an 8-byte one-shot all-reduce on the node), where the node has one
+  if (t.intra.valid) {
+    double step_us = -1;
+    auto shm_step = [&](auto& node) {
+      if (!dpkit::detail::shm_available(node) || node.size() < 2) return;
+      std::array<float, 2> x{};
+      for (int i = 0; i < 20; ++i) dpkit::allreduce_shm_one_shot(node, x);
+      std::vector<double> ts;
+      for (int i = 0; i < 200; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        dpkit::allreduce_shm_one_shot(node, x);
+        ts.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::sort(ts.begin(), ts.end());
+      step_us = ts[ts.size() / 2];
+    };
+    h.barrier();
+    if constexpr (dpkit::hierarchical_transport<C>) {
+      if (auto* node = comm.node_transport()) shm_step(*node);
+      else shm_step(comm);
+    } else {
+      shm_step(comm);
+    }
+    step_us = h.max(step_us);
+    if (step_us > 0) t.intra.alpha_us = step_us;
+  }
   if (other_node > 0) t.inter = measure_link(comm, h, 0, other_node);
   const double gamma = h.from(measure_reduce_ns_per_byte(), 0);
   // Rules: the winner at each measured size covers up to the next size.
