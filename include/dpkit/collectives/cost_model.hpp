@@ -6,8 +6,9 @@
 /// gamma per byte. It predicts each algorithm's time on a layout of N nodes
 /// of L ranks (block placement, as mpirun maps by slot) and so the busbw
 /// tables of clusters larger than the one at hand (allreduce_perf
-/// --predict). The link costs come from allreduce_perf --tune (ping-pong
-/// between two ranks of one node and of two nodes), kept in the tuning file.
+/// --predict). The link costs come from allreduce_perf --tune (inside a
+/// node: the latency of one shared-memory step and the bandwidth of a
+/// ping-pong; between nodes: a ping-pong), kept in the tuning file.
 ///
 /// Models (p = N x L ranks, S bytes, c = the segment's chunk of S):
 /// - ring: 2(p-1) steps of S/p bytes; with N > 1 every step crosses a node
@@ -15,7 +16,10 @@
 ///   (p-1) reductions of S/p bytes.
 /// - tree: a pipelined binary tree up (reduce) and down (broadcast): 2
 ///   ceil(log2 p) latencies, and each phase streams S through the busiest
-///   link once; reductions of 2 x S (two children).
+///   link once in each direction (an interior rank's two children: 2 x S);
+///   reductions of 2 x S. It leaves out the pipeline's fill and the up and
+///   down streams' contention, which make the measured tree 1.2-2x slower
+///   from 1 MiB (it is not the algorithm of those sizes).
 /// - shm1 (one node): copy S in, one step, reduce (L-1) x S.
 /// - shm2 (one node): copy (L-1)/L of S in, step, reduce (L-1) x S/L, step,
 ///   copy (L-1)/L of S out.

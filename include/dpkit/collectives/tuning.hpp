@@ -261,7 +261,7 @@ public:
       std::ostringstream os;
       os.precision(6);
       os << "link " << name << " " << c.alpha_us << " " << c.beta_ns_per_byte
-         << "  # alpha us, beta ns per byte (measured by ping-pong)\n";
+         << "  # alpha us, beta ns per byte\n";
       s += os.str();
     };
     link("intra", intra);
