@@ -37,17 +37,54 @@ inline collective_options stage_options(const collective_options& o, deadline du
   return s;
 }
 
+/// Recursive-doubling all-reduce in place of `count` host elements on a
+/// transport of a power-of-two size n: log2(n) steps, in step k each rank
+/// swaps its whole buffer with rank ^ 2^k and combines the two, the value of
+/// the lower rank's half first, so every rank computes the same operations
+/// in the same order (bitwise identical results). log2(n) latencies against
+/// the tree's 2 log2(n) and the ring's 2(n-1), for log2(n) x count bytes
+/// sent: the algorithm of small messages (MPICH's and Open MPI coll/tuned's
+/// choice below a few KiB). The stage between nodes uses it where the tuning
+/// table picks the tree.
+template <class X, element T>
+void allreduce_recursive_doubling(X& comm, T* data, std::size_t count, reduce_op op, const collective_options& o) {
+  const auto ctx = make_context(comm, "allreduce (recursive doubling between nodes)");
+  const local_ops<T> L = make_local<X, T>(comm, ctx, memory_space::host);
+  collective_scope<X> S(comm, ctx, coll_kind::allreduce, "rd", element_type_of_v<T>, count, op, -1, o);
+  if (count == 0 || ctx.size == 1) return;
+  scratch<T> got(count, L);
+  const int tag = S.tag(tag_offset::recursive_doubling);
+  for (int mask = 1; mask < ctx.size; mask <<= 1) {
+    const int peer = ctx.rank ^ mask; // one peer per step: the tag needs no step number
+    auto rq = comm.irecv(bytes_of(got.data(), count), peer, tag);
+    auto sq = comm.isend(bytes_of(static_cast<const T*>(data), count), peer, tag);
+    S.wait(rq);
+    S.wait(sq);
+    if (ctx.rank < peer) {
+      L.reduce(data, data, got.data(), count, op); // mine is the lower half's
+    } else {
+      L.reduce(got.data(), got.data(), data, count, op); // the peer's is
+      L.copy(data, got.data(), count);
+    }
+  }
+}
+
 /// The all-reduce between nodes of one stage (on the cross-node transport of
 /// N ranks, one per node): tree or ring, as the tuning table decides for N
-/// nodes of one rank (no shared segment spans nodes).
+/// nodes of one rank (no shared segment spans nodes); where it picks the
+/// tree, N is a power of two and the data is in host memory, recursive
+/// doubling (half the tree's latencies, the same results on every rank).
 template <class X, element T>
 void cross_allreduce(X& cross, T* data, std::size_t count, memory_space space, reduce_op op,
                      const collective_options& o, const allreduce_policy& flat) {
   tensor_view<T> v{data, count, space};
   const int n = cross.size();
-  if (flat.choose(count * sizeof(T), tuning_key{n, n, 1}, tuning_availability{}) == algorithm::tree)
-    allreduce_tree(cross, v, v, op, o);
-  else allreduce_ring(cross, v, v, op, o);
+  if (flat.choose(count * sizeof(T), tuning_key{n, n, 1}, tuning_availability{}) == algorithm::tree) {
+    if (space == memory_space::host && (n & (n - 1)) == 0) allreduce_recursive_doubling(cross, data, count, op, o);
+    else allreduce_tree(cross, v, v, op, o);
+  } else {
+    allreduce_ring(cross, v, v, op, o);
+  }
 }
 
 /// Reduce to local rank 0 of the node (shm when the node transport has a

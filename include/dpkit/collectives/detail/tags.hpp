@@ -15,6 +15,7 @@ enum class tag_offset : int {
   tree_down = 3,      ///< tree broadcast phase (parent -> child)
   reduce_scatter_ring = 4,
   allgather_ring = 5,
+  recursive_doubling = 6, ///< recursive-doubling all-reduce between nodes (hierarchical.hpp)
   barrier = 7,
 };
 
