@@ -79,8 +79,15 @@ void cross_allreduce(X& cross, T* data, std::size_t count, memory_space space, r
                      const collective_options& o, const allreduce_policy& flat) {
   tensor_view<T> v{data, count, space};
   const int n = cross.size();
-  if (flat.choose(count * sizeof(T), tuning_key{n, n, 1}, tuning_availability{}) == algorithm::tree) {
-    if (space == memory_space::host && (n & (n - 1)) == 0) allreduce_recursive_doubling(cross, data, count, op, o);
+  const std::size_t bytes = count * sizeof(T);
+  const bool host = space == memory_space::host;
+  // Two nodes: the ring's two steps of S/2 send what one swap of S sends, at
+  // twice the latencies; up to 1 MiB (the ring's segments pipeline the
+  // reduction with the transfer beyond) one swap does.
+  if (host && n == 2 && bytes <= (std::size_t{1} << 20)) {
+    allreduce_recursive_doubling(cross, data, count, op, o);
+  } else if (flat.choose(bytes, tuning_key{n, n, 1}, tuning_availability{}) == algorithm::tree) {
+    if (host && (n & (n - 1)) == 0) allreduce_recursive_doubling(cross, data, count, op, o);
     else allreduce_tree(cross, v, v, op, o);
   } else {
     allreduce_ring(cross, v, v, op, o);
