@@ -368,9 +368,11 @@ inline int predict_allreduce(const options& o, const std::string& shape) {
     std::fprintf(stderr, "allreduce_perf --predict: %s\n", e.what());
     return 1;
   }
-  if (!t || !t->inter.valid || !t->intra.valid) {
-    std::fprintf(stderr, "allreduce_perf --predict: DPKIT_TUNING_FILE must hold measured 'link intra' and 'link inter' "
-                         "lines (allreduce_perf --tune on a cluster of two or more nodes writes them)\n");
+  // the links the layout uses: between nodes with N > 1, inside one with L > 1
+  if (!t || (nodes > 1 && !t->inter.valid) || (per > 1 && !t->intra.valid)) {
+    std::fprintf(stderr, "allreduce_perf --predict %s: DPKIT_TUNING_FILE must hold measured 'link intra' (for L > 1) and "
+                         "'link inter' (for N > 1) lines (allreduce_perf --tune on a cluster of two or more nodes of "
+                         "two or more ranks writes both)\n", shape.c_str());
     return 1;
   }
   const dpkit::cost_model m = dpkit::cost_model::from(*t);
