@@ -64,10 +64,10 @@ else
 fi
 SECOND=${SECOND:-sm}
 case "$SECOND" in
-sm) second_mca=(--mca coll_sm_priority 100) ;;
+sm) second_mca=(--mca coll_sm_priority 100); second_extra= ;;
 # Open MPI 4.1.4's coll/han crashes on in-place all-reduces from 256 KiB (it
 # reads MPI_IN_PLACE as a buffer address): its run is out of place only.
-han) second_mca=(--mca coll_han_priority 100) ;;
+han) second_mca=(--mca coll_han_priority 100); second_extra=--skip-in-place ;;
 *) echo "bench_native.sh: SECOND must be sm or han, not '$SECOND'" >&2; exit 2 ;;
 esac
 run() { # name, -A value, extra mpirun args...
@@ -89,14 +89,7 @@ ROUNDS=${ROUNDS:-1}
 for ((k = 1; k <= ROUNDS; ++k)); do
   suffix=$([ "$ROUNDS" = 1 ] || echo ".$k")
   run "tuned$suffix" all
-  if [ "$SECOND" = han ]; then
-    EXTRA_SAVED=$EXTRA
-    EXTRA="$EXTRA --skip-in-place"
-    run "$SECOND$suffix" native --mca coll_han_priority 100
-    EXTRA=$EXTRA_SAVED
-  else
-    run "$SECOND$suffix" native "${second_mca[@]}"
-  fi
+  EXTRA="$EXTRA $second_extra" run "$SECOND$suffix" native "${second_mca[@]}"
 done
 python3 - "$dir" "$NP" "$ROUNDS" "$SECOND" <<'EOF'
 import csv

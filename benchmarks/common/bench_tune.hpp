@@ -4,8 +4,9 @@
 //                  per round (about 50 ms of calls), 5 rounds with the
 //                  algorithms' order rotated, the
 //                  median round of the slowest rank), the link costs of the
-//                  cost model (ping-pong within a node and between two nodes,
-//                  a local reduction), and writes the tuning file
+//                  cost model (inside a node: one shared-memory step's
+//                  latency and a ping-pong's bandwidth; between two nodes: a
+//                  ping-pong; a local reduction), and writes the tuning file
 //                  (collectives/tuning.hpp) that `auto` reads through
 //                  DPKIT_TUNING_FILE; prints it, and the model's prediction
 //                  beside each measurement.

@@ -52,7 +52,8 @@ void allreduce_recursive_doubling(X& comm, T* data, std::size_t count, reduce_op
   const local_ops<T> L = make_local<X, T>(comm, ctx, memory_space::host);
   collective_scope<X> S(comm, ctx, coll_kind::allreduce, "rd", element_type_of_v<T>, count, op, -1, o);
   if (count == 0 || ctx.size == 1) return;
-  scratch<T> got(count, L);
+  scratch_arena::lease lease(arena_of(comm)); // the transport's buffer, as ring and tree: no allocation per call
+  scratch<T> got(count, L, &lease, 0);
   const int tag = S.tag(tag_offset::recursive_doubling);
   for (int mask = 1; mask < ctx.size; mask <<= 1) {
     const int peer = ctx.rank ^ mask; // one peer per step: the tag needs no step number
