@@ -85,7 +85,46 @@ int init_mpi() {
   return provided;
 }
 
-class process_group_dpkit;
+/// A collective's Work: completed by the group's worker (or the caller, for
+/// an inline collective) through its future; wait() rethrows the
+/// collective's exception (torch's Work::create_from_future would swallow
+/// it: its wait() only waits).
+class dpkit_work : public c10d::Work {
+public:
+  dpkit_work(int rank, c10d::OpType type, c10::intrusive_ptr<c10::ivalue::Future> future)
+      : c10d::Work(rank, type), future_(std::move(future)) {}
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
+  std::exception_ptr exception() const override { return future_->hasError() ? future_->exception_ptr() : nullptr; }
+  std::vector<at::Tensor> result() override {
+    future_->waitAndThrow();
+    return future_->value().toTensorVector();
+  }
+  /// Waits for the collective (at most `timeout`, if given; its own deadline
+  /// bounds it anyway) and rethrows its error.
+  /// @throws the collective's dpkit exception; dpkit::timeout_error if
+  ///         `timeout` passes first.
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (timeout == kNoTimeout) {
+      future_->wait();
+    } else {
+      const auto until = std::chrono::steady_clock::now() + timeout;
+      while (!future_->completed()) {
+        if (std::chrono::steady_clock::now() >= until)
+          throw dpkit::timeout_error("dpkit backend: Work.wait: " + std::to_string(timeout.count()) +
+                                     " ms passed before the collective finished");
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+private:
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
 std::mutex registry_mu;
 std::vector<std::weak_ptr<std::function<void()>>> registry; // shutdown of every live group
 
@@ -333,7 +372,7 @@ private:
     return o;
   }
 
-  c10::intrusive_ptr<c10d::Work> submit(c10d::OpType, std::vector<at::Tensor> outputs, std::size_t nbytes,
+  c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, std::vector<at::Tensor> outputs, std::size_t nbytes,
                                         dpkit::collective_options o, body run) {
     auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
     task t{std::move(run), o, std::move(outputs), future};
@@ -352,7 +391,7 @@ private:
       queue_.push_back(std::move(t));
       cv_.notify_all();
     }
-    return c10d::Work::create_from_future(future);
+    return c10::make_intrusive<dpkit_work>(getRank(), type, future);
   }
 
   void execute(task& t) {

@@ -1,0 +1,202 @@
+"""Run under mpirun by test_distributed.py: `python dist_worker.py CASE`.
+Prints one JSON line per rank ("RESULT {...}") for the test to check; any
+failed check raises (non-zero exit)."""
+import datetime
+import json
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import dpkit
+
+
+def inputs(rank, n, dtype, lo=-8, hi=9):
+    """Rank `rank`'s integer-valued input: every rank can compute every
+    rank's, so the reference is a plain local reduction (exact)."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    return torch.randint(lo, hi, (n,), generator=g).to(dtype)
+
+
+def reference(op, xs):
+    acc = xs[0].clone().double()
+    for x in xs[1:]:
+        x = x.double()
+        if op in ("sum", "avg"):
+            acc += x
+        elif op == "product":
+            acc *= x
+        elif op == "min":
+            acc = torch.minimum(acc, x)
+        elif op == "max":
+            acc = torch.maximum(acc, x)
+    if op == "avg":
+        acc /= len(xs)
+    return acc
+
+
+OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
+       "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
+
+
+def case_collectives():
+    r, w = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    checked = 0
+    for n in (0, 1, 5, w - 1, 1000, 300_000):  # 300k floats: past inline_bytes, on the worker thread
+        for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16):
+            for op in ("sum", "product", "min", "max", "avg"):
+                if op == "avg" and not dtype.is_floating_point:
+                    continue
+                lo, hi = (1, 3) if op == "product" else (-8, 9)
+                xs = [inputs(p, n, dtype, lo, hi) for p in range(w)]
+                t = xs[r].clone()
+                dist.all_reduce(t, OPS[op])
+                ref = reference(op, xs)
+                assert torch.equal(t.double(), ref.to(dtype).double()), (n, dtype, op)
+                if op != "avg" and dtype != torch.bfloat16:  # gloo has no AVG and no bf16
+                    u = xs[r].clone()
+                    dist.all_reduce(u, OPS[op], group=gloo)
+                    assert torch.equal(t, u), (n, dtype, op, "gloo")
+                checked += 1
+    for n in (0, 3, 100_000):
+        for root in range(w):
+            t = inputs(r, n, torch.float32)
+            dist.broadcast(t, root)
+            assert torch.equal(t, inputs(root, n, torch.float32))
+        outs = [torch.empty(n) for _ in range(w)]
+        dist.all_gather(outs, inputs(r, n, torch.float32))
+        for p in range(w):
+            assert torch.equal(outs[p], inputs(p, n, torch.float32))
+        flat = torch.empty(w * n)
+        dist._all_gather_base(flat, inputs(r, n, torch.float32))
+        assert torch.equal(flat, torch.cat([inputs(p, n, torch.float32) for p in range(w)]))
+        # reduce-scatter: rank p's input list is inputs(p, w*n) split in w parts
+        full = [inputs(p, w * n, torch.float32) for p in range(w)]
+        out = torch.empty(n)
+        dist.reduce_scatter(out, list(full[r].split(n)) if n else [torch.empty(0)] * w)
+        assert torch.equal(out, reference("sum", full).float()[r * n:(r + 1) * n])
+        out2 = torch.empty(n)
+        dist._reduce_scatter_base(out2, full[r].clone())
+        assert torch.equal(out2, out)
+        for root in range(w):
+            t = inputs(r, n, torch.float32)
+            dist.reduce(t, root, dist.ReduceOp.MAX)
+            if r == root:
+                assert torch.equal(t, reference("max", [inputs(p, n, torch.float32) for p in range(w)]).float())
+    # async: several in flight, waited in order
+    ts = [inputs(r, 50_000, torch.float32) for _ in range(4)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    for wk in works:
+        wk.wait()
+    for t in ts:
+        assert torch.equal(t, reference("sum", [inputs(p, 50_000, torch.float32) for p in range(w)]).float())
+    fut = dist.all_reduce(torch.ones(3), async_op=True).get_future()
+    assert torch.equal(fut.wait()[0], torch.full((3,), float(w)))
+    dist.barrier()
+    # a subgroup of ranks 0 and 1 (dpkit backend, MPI_Comm_create_group)
+    if w >= 3:
+        sub = dist.new_group([0, 1], backend="dpkit")
+        if r in (0, 1):
+            t = torch.full((4,), float(r + 1))
+            dist.all_reduce(t, group=sub)
+            assert torch.equal(t, torch.full((4,), 3.0))
+    return {"checked": checked}
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                               torch.nn.Linear(64, 4))
+
+
+def train(group, steps=30):
+    r = dist.get_rank()
+    model = torch.nn.parallel.DistributedDataParallel(make_model(), process_group=group, bucket_cap_mb=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(42 + r)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(16, 32, generator=g)
+        y = torch.randint(0, 4, (16,), generator=g)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        t = loss.detach().clone()
+        dist.all_reduce(t, group=group)
+        losses.append(t.item() / dist.get_world_size())
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return losses, params
+
+
+def case_ddp():
+    gloo = dist.new_group(backend="gloo")
+    l_dpkit, p_dpkit = train(None)  # the default group: "dpkit"
+    l_gloo, p_gloo = train(gloo)
+    return {"dpkit": l_dpkit, "gloo": l_gloo, "params_equal": bool(torch.equal(p_dpkit, p_gloo)),
+            "max_param_diff": float((p_dpkit - p_gloo).abs().max())}
+
+
+def case_errors():
+    r, w = dist.get_rank(), dist.get_world_size()
+    out = {}
+    # a non-contiguous tensor is refused on the calling rank, before any message
+    try:
+        dist.all_reduce(torch.ones(4, 4).t())
+        out["noncontiguous"] = "no error"
+    except ValueError as e:
+        out["noncontiguous"] = type(e).__name__ + ": " + str(e)
+    try:
+        dist.all_reduce(torch.ones(4, dtype=torch.int32), dist.ReduceOp.BAND)
+        out["band"] = "no error"
+    except ValueError as e:
+        out["band"] = type(e).__name__ + ": " + str(e)
+    dist.barrier()
+    # ranks disagree on the size: an error on every rank, never a wrong result
+    t = torch.ones(4 if r == 0 else 8)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        out["mismatch"] = "no error: " + str(t.tolist())
+    except dpkit.Error as e:
+        out["mismatch"] = type(e).__name__ + ": " + str(e)
+    out["mismatch_s"] = time.monotonic() - t0
+    # the group failed: later calls say so at once
+    try:
+        dist.all_reduce(torch.ones(2))
+        out["after"] = "no error"
+    except dpkit.Error as e:
+        out["after"] = type(e).__name__ + ": " + str(e)
+    return out
+
+
+def case_timeout():
+    """Rank 1 never calls: rank 0 raises dpkit.TimeoutError within the
+    group's timeout (2 s)."""
+    r = dist.get_rank()
+    out = {}
+    if r == 0:
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(16))
+            out["timeout"] = "no error"
+        except dpkit.Error as e:
+            out["timeout"] = type(e).__name__ + ": " + str(e)
+        out["elapsed_s"] = time.monotonic() - t0
+    else:
+        time.sleep(4)
+    return out
+
+
+def main():
+    case = sys.argv[1]
+    timeout = datetime.timedelta(seconds=2 if case in ("timeout", "errors") else 120)
+    dpkit.distributed.init_process_group("dpkit", timeout=timeout)
+    result = globals()["case_" + case]()
+    print("RESULT " + json.dumps({"rank": dist.get_rank(), **result}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
