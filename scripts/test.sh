@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs dependencies if missing, builds in build/
 # (release) and runs every suite (core, collectives, mpi, data, fusion, bench, torch, gpu,
-# odr) with meson test. GPU tests report SKIP without a device.
+# odr) with meson test, then the Python package's pytest (scripts/python_test.sh).
+# GPU tests report SKIP without a device.
 #   scripts/test.sh              release build in build/
 #   scripts/test.sh --sanitize   clang-14 -Db_sanitize=address,undefined build in build-asan/
 #   scripts/test.sh --tsan       clang-14 ThreadSanitizer build in build-tsan/ of the
@@ -73,3 +74,7 @@ for t in json.load(sys.stdin):
 fi
 ninja -C "$builddir"
 meson test -C "$builddir" --print-errorlogs --num-processes 2 "${suites[@]}"
+if [ "$builddir" = build ]; then
+  # the Python package: pip install . and pytest (docs/python.md)
+  scripts/python_test.sh
+fi

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The Python package's tests: `pip install .` into a virtual environment in
+# build-python/venv (with Debian's site packages: python3-torch, meson-python,
+# pybind11, pytest, tqdm; nothing is downloaded), then pytest python/tests.
+# Called by scripts/test.sh; runs alone too. The build directory
+# build-python/build is kept, so a second run rebuilds only what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/env.sh
+py=/usr/bin/python3   # Debian's Python: the one python3-torch is for
+venv=build-python/venv
+if [ ! -x "$venv/bin/python" ]; then
+  "$py" -m venv --system-site-packages "$venv"
+fi
+"$venv/bin/pip" install --quiet --no-build-isolation --no-deps --no-index \
+  --config-settings=builddir="$PWD/build-python/build" .
+cd build-python   # not the source tree, so `import dpkit` is the installed package
+exec "$PWD/venv/bin/python" -m pytest -q -p no:cacheprovider ../python/tests "$@"
