@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""dist.all_reduce through torch.distributed, backend "dpkit" against "gloo"
+(and any other), side by side in one run, in nccl-tests' table (time of the
+slowest rank, algbw = bytes / time, busbw = algbw * 2 (n - 1) / n).
+
+    mpirun -np 2 build-python/venv/bin/python benchmarks/python/dist_allreduce_perf.py -b 8 -e 256M -f 4
+
+Both groups live in one process: the default group is "dpkit", the others
+are dist.new_group(backend=...). For each size the backends alternate, so the
+machine's noise hits both. Out of place is not measured (dist.all_reduce is
+in place). The float32 SUM of every size is checked against the exact sum
+(#wrong, as nccl-tests' -c 1).
+"""
+import argparse
+import datetime
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import dpkit
+
+
+def parse_size(s: str) -> int:
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(s[:-1]) * mult[s[-1].upper()] if s[-1].upper() in mult else int(s)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-b", "--minbytes", default="8")
+    ap.add_argument("-e", "--maxbytes", default="256M")
+    ap.add_argument("-f", "--stepfactor", type=int, default=4)
+    ap.add_argument("-n", "--iters", type=int, default=0, help="iterations per size (0: about 0.2 s worth, 5..2000)")
+    ap.add_argument("-w", "--warmup_iters", type=int, default=3)
+    ap.add_argument("--backends", default="dpkit,gloo", help="comma-separated; the first is the default group")
+    args = ap.parse_args()
+
+    backends = args.backends.split(",")
+    dpkit.distributed.init_process_group(backends[0], timeout=datetime.timedelta(minutes=5))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    groups = {backends[0]: None}
+    for b in backends[1:]:
+        groups[b] = dist.new_group(backend=b)
+    sizes = []
+    s = parse_size(args.minbytes)
+    while s <= parse_size(args.maxbytes):
+        sizes.append(s)
+        s *= args.stepfactor
+    if rank == 0:
+        print(f"# dist.all_reduce float32 sum, {world} ranks, backends {', '.join(backends)} (torch {torch.__version__})")
+        cols = "".join(f" {b + ' time':>14} {'algbw':>7} {'busbw':>7} {'#wrong':>6}" for b in backends)
+        print(f"# {'size':>12} {'count':>12}{cols} {'ratio':>7}")
+        print(f"# {'(B)':>12} {'(elements)':>12}" + " " + " ".join(f"{'(us)':>14} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}"
+                                                                         for _ in backends) + f" {backends[1] + '/' + backends[0] if len(backends) > 1 else '':>7}")
+    for size in sizes:
+        count = max(1, size // 4)
+        x = torch.full((count,), float(rank + 1))
+        expect = float(world * (world + 1) // 2)
+        iters = args.iters
+        if iters == 0:  # calibrate on the first backend, agreed by a max over ranks
+            t0 = time.perf_counter()
+            dist.all_reduce(x.fill_(0))
+            one = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(one, dist.ReduceOp.MAX)
+            iters = int(min(2000, max(5, 0.2 / max(one.item(), 1e-6))))
+        row = []
+        for b in backends:
+            g = groups[b]
+            x.fill_(float(rank + 1))
+            dist.all_reduce(x, group=g)
+            wrong = int((x != expect).sum().item())
+            for _ in range(args.warmup_iters):
+                dist.all_reduce(x, group=g)
+            dist.barrier(group=g)
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(x, group=g)
+            dt = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+            dist.all_reduce(dt, dist.ReduceOp.MAX)
+            wr = torch.tensor([wrong], dtype=torch.int64)
+            dist.all_reduce(wr)
+            t = dt.item()
+            algbw = count * 4 / t / 1e9
+            row.append((t * 1e6, algbw, algbw * 2 * (world - 1) / world, int(wr.item())))
+        if rank == 0:
+            cells = "".join(f" {t:14.1f} {a:7.3f} {bb:7.3f} {w:6d}" for t, a, bb, w in row)
+            ratio = f"{row[1][0] / row[0][0]:7.2f}" if len(row) > 1 else ""
+            print(f"  {count * 4:12d} {count:12d}{cells} {ratio}", flush=True)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
