@@ -57,3 +57,24 @@ def test_timeout(mpi_env):
     r0 = run("timeout", 2, mpi_env)[0]
     assert r0["timeout"].startswith("TimeoutError") and "rank 1" in r0["timeout"], r0
     assert 1.9 < r0["elapsed_s"] < 4.0
+
+
+def test_training_example_resumes(corpus, tmp_path, mpi_env):
+    """examples/python/train_sections.py (docs/python.md's loop): 20 steps on
+    2 ranks, then resumed from its checkpoint to step 30 on 3 ranks; the
+    sampler's offset goes on from where it stopped."""
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / "train_sections.py"
+    ck = tmp_path / "ck.pt"
+
+    def train(np, *extra):
+        cmd = mpirun_cmd(np) + [sys.executable, str(example), "--data", str(corpus), "--checkpoint", str(ck),
+                                "--log-every", "10", *extra]
+        p = subprocess.run(cmd, env=mpi_env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        return p.stdout
+
+    out = train(2, "--steps", "20")
+    assert "step 20 epoch 0 loss" in out and '"offset": 40' in out  # 20 steps x 2 ranks of one global sequence
+    out = train(3, "--steps", "30", "--resume")
+    assert "resumed at step 20, epoch 0, offset 40" in out
+    assert "step 30 epoch 0 loss" in out and '"offset": 70' in out  # + 10 steps x 3 ranks
