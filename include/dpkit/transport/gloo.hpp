@@ -1,0 +1,631 @@
+/// @file gloo.hpp
+/// @brief The Gloo transport: ranks in any processes on any hosts, connected
+/// by Gloo's TCP pairs after a rendezvous through a store that a URL names
+/// (`file:///path` on one machine, `redis://host:port/job` across machines).
+/// Host memory. Unlike an MPI communicator it can be created again, by any
+/// set of processes, at any time: the foundation of elastic training
+/// (docs/elastic.md). Meson feature `gloo` (Debian libgloo-dev); never
+/// included by the umbrella header dpkit.hpp.
+///
+/// @code
+/// dpkit::gloo_transport comm("file:///tmp/job1", rank, world_size);
+/// dpkit::allreduce(comm, grads, dpkit::reduce_op::avg);
+/// @endcode
+///
+/// Point-to-point requests are Gloo unbound buffers sent and received on a
+/// slot (the dpkit tag): Gloo matches a pair's messages on one slot in posting
+/// order, as MPI matches a tag. Waits never call Gloo's own timed waits (a
+/// Gloo wait that times out closes every pair of its context): a pool of
+/// waiter threads owned by the transport blocks in Gloo's untimed wait, one
+/// per pending request, and a request's wait(deadline) waits for its waiter
+/// against the dpkit deadline. A broken connection (a peer that exited,
+/// crashed or closed its transport) fails the requests on it at once
+/// (peer_error naming the peer); any failure fails the whole transport and
+/// closes all its connections, so every peer's waits fail within
+/// milliseconds instead of at their deadline (docs/reliability.md).
+///
+/// The class is `gloo_transport`, not `gloo`: inside namespace dpkit a class
+/// `gloo` would hide Gloo's own namespace `::gloo`.
+#pragma once
+
+#include "../core/async.hpp"
+#include "../core/errors.hpp"
+#include "../core/options.hpp"
+#include "../core/tensor.hpp"
+#include "concept.hpp"
+#include "detail/health.hpp"
+#include "detail/scratch_arena.hpp"
+
+#include <gloo/common/error.h>
+#include <gloo/config.h>
+#include <gloo/context.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+// Gloo's redis_store.h includes <hiredis.h> (pkg-config hiredis adds
+// /usr/include/hiredis) or, with HIREDIS_NESTED_INCLUDE, <hiredis/hiredis.h>.
+#if GLOO_USE_REDIS
+#if __has_include(<hiredis.h>)
+#include <gloo/rendezvous/redis_store.h>
+#define DPKIT_GLOO_REDIS 1
+#elif __has_include(<hiredis/hiredis.h>)
+#ifndef HIREDIS_NESTED_INCLUDE
+#define HIREDIS_NESTED_INCLUDE 1
+#endif
+#include <gloo/rendezvous/redis_store.h>
+#define DPKIT_GLOO_REDIS 1
+#endif
+#endif
+#ifndef DPKIT_GLOO_REDIS
+#define DPKIT_GLOO_REDIS 0
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace dpkit {
+
+/// How a gloo_transport connects (a regular aggregate).
+struct gloo_options {
+  /// Address this rank listens on and advertises to its peers (a host name
+  /// or an IP address, e.g. "127.0.0.1" for ranks on one machine). Empty:
+  /// the address of `iface`, else of this machine's host name (Gloo's rule).
+  std::string hostname;
+  /// Network interface to listen on (e.g. "eth0"); used when hostname is
+  /// empty. Empty: the environment variable GLOO_SOCKET_IFNAME (PyTorch's
+  /// name for it), else none.
+  std::string iface;
+  /// Namespace of this group's keys inside the store (a generation number,
+  /// a launch id): the keys of a rendezvous can be written once, so ranks
+  /// that meet again through the same store use a new prefix. Empty: none.
+  std::string prefix;
+  /// Limit of the rendezvous (waiting for the other ranks' addresses in the
+  /// store) and of connecting the pairs. Default: env_default_timeout()
+  /// (DPKIT_TIMEOUT seconds, else 30 minutes).
+  std::chrono::milliseconds timeout = env_default_timeout();
+  friend bool operator==(const gloo_options&, const gloo_options&) = default;
+};
+
+namespace detail {
+
+/// A parsed store URL: file:///path or redis://host[:port]/job.
+struct gloo_store_url {
+  bool redis = false;
+  std::string path;       // file: absolute directory
+  std::string host;       // redis
+  int port = 6379;        // redis
+  std::string job;        // redis: the job's key namespace
+};
+
+/// Parses a store URL. `file:///abs/dir` (a directory, created if missing)
+/// or `redis://host[:port]/job` (port 1-65535, default 6379; host may be an
+/// [IPv6] literal; job non-empty).
+/// @throws dpkit::invalid_argument naming the URL and what is wrong.
+inline gloo_store_url parse_gloo_store_url(std::string_view url) {
+  auto bad = [&](const std::string& why) -> invalid_argument {
+    return invalid_argument("gloo_transport: store URL '" + std::string(url) + "': " + why +
+                            " (expected file:///absolute/directory or redis://host:port/job)");
+  };
+  gloo_store_url u;
+  constexpr std::string_view file = "file://", redis = "redis://";
+  if (url.substr(0, file.size()) == file) {
+    const std::string_view rest = url.substr(file.size());
+    if (rest.empty() || rest.front() != '/')
+      throw bad(rest.empty() ? "no path" : "a file URL names a local absolute path (file:///dir), not a host");
+    if (rest.size() == 1) throw bad("the path is the root directory");
+    u.path = std::string(rest);
+    return u;
+  }
+  if (url.substr(0, redis.size()) == redis) {
+    u.redis = true;
+    std::string_view rest = url.substr(redis.size());
+    const auto slash = rest.find('/');
+    if (slash == std::string_view::npos) throw bad("no job name after the host (redis://host:port/job)");
+    std::string_view hostport = rest.substr(0, slash);
+    u.job = std::string(rest.substr(slash + 1));
+    if (u.job.empty()) throw bad("empty job name");
+    std::string_view port;
+    if (!hostport.empty() && hostport.front() == '[') {
+      const auto close = hostport.find(']');
+      if (close == std::string_view::npos) throw bad("unterminated [IPv6] host");
+      u.host = std::string(hostport.substr(1, close - 1));
+      const std::string_view after = hostport.substr(close + 1);
+      if (!after.empty()) {
+        if (after.front() != ':') throw bad("junk after the [IPv6] host");
+        port = after.substr(1);
+        if (port.empty()) throw bad("empty port");
+      }
+    } else {
+      const auto colon = hostport.find(':');
+      u.host = std::string(hostport.substr(0, colon));
+      if (colon != std::string_view::npos) {
+        port = hostport.substr(colon + 1);
+        if (port.empty()) throw bad("empty port");
+      }
+    }
+    if (u.host.empty()) throw bad("empty host");
+    if (!port.empty()) {
+      long p = 0;
+      for (char c : port) {
+        if (c < '0' || c > '9') throw bad("port '" + std::string(port) + "' is not a number");
+        p = p * 10 + (c - '0');
+        if (p > 65535) break;
+      }
+      if (p < 1 || p > 65535) throw bad("port '" + std::string(port) + "' is out of range 1-65535");
+      u.port = static_cast<int>(p);
+    }
+    return u;
+  }
+  throw bad("unknown scheme");
+}
+
+/// Gloo writes to sockets with writev, which raises SIGPIPE when the peer
+/// has gone; with the default action that kills the process instead of
+/// failing the send. Sets SIGPIPE to ignored (once per process) unless the
+/// program installed its own disposition.
+inline void gloo_ignore_sigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa{};
+    if (sigaction(SIGPIPE, nullptr, &sa) == 0 && sa.sa_handler == SIG_DFL) {
+      struct sigaction ign{};
+      ign.sa_handler = SIG_IGN;
+      sigemptyset(&ign.sa_mask);
+      sigaction(SIGPIPE, &ign, nullptr);
+    }
+  });
+}
+
+/// One pending send or receive: its Gloo buffer and its outcome.
+struct gloo_op {
+  enum state_t { pending, done, failed, aborted };
+  std::unique_ptr<::gloo::transport::UnboundBuffer> buf;
+  bool is_send = false;
+  int peer = -1;
+  int tag = 0;
+  std::size_t bytes = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  state_t state = pending;
+  std::string error; // failed: what Gloo said
+  void abort() {
+    if (is_send) buf->abortWaitSend();
+    else buf->abortWaitRecv();
+  }
+  std::string describe(int rank) const {
+    return "gloo_transport: rank " + std::to_string(rank) + ": " + (is_send ? "send to" : "receive from") +
+           " rank " + std::to_string(peer) + " (tag " + std::to_string(tag) + ", " + std::to_string(bytes) +
+           " bytes)";
+  }
+};
+
+/// What a gloo_transport and its requests share (a stable address): the
+/// store, the Gloo device and context, the health, the pending operations
+/// and the waiter threads.
+class gloo_state {
+public:
+  gloo_state(int rank, int size) : rank_(rank), size_(size) {}
+  gloo_state(const gloo_state&) = delete;
+  gloo_state& operator=(const gloo_state&) = delete;
+  /// Aborts what is still pending, joins the waiter threads, then closes
+  /// the connections (the context's pairs) and stops the device.
+  ~gloo_state() {
+    abort_pending();
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    ctx_.reset();
+    device_.reset();
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  comm_health& health() noexcept { return health_; }
+  ::gloo::Context& context() { return *ctx_; }
+
+  /// Connects to every other rank through the store (a collective call of
+  /// all `size` ranks).
+  void connect(const std::string& url, const gloo_options& o) {
+    const gloo_store_url u = parse_gloo_store_url(url);
+    const std::string where = "gloo_transport: rank " + std::to_string(rank_) + " of " + std::to_string(size_);
+    std::string prefix = "dpkit";
+    if (u.redis) {
+#if DPKIT_GLOO_REDIS
+      try {
+        store_ = std::make_unique<::gloo::rendezvous::RedisStore>(u.host, u.port);
+      } catch (const std::exception& e) {
+        throw error(where + ": cannot reach the Redis server of store URL '" + url + "': " + e.what());
+      }
+      prefix += "/" + u.job;
+#else
+      throw invalid_argument(where + ": store URL '" + url +
+                             "': this build of Gloo has no Redis store (GLOO_USE_REDIS is 0 or hiredis.h is missing)");
+#endif
+    } else {
+      std::error_code ec;
+      std::filesystem::create_directories(u.path, ec);
+      if (ec || !std::filesystem::is_directory(u.path))
+        throw error(where + ": store URL '" + url + "': cannot create the directory '" + u.path +
+                    "': " + (ec ? ec.message() : std::string("not a directory")));
+      try {
+        store_ = std::make_unique<::gloo::rendezvous::FileStore>(u.path);
+      } catch (const std::exception& e) {
+        throw error(where + ": store URL '" + url + "': " + e.what());
+      }
+    }
+    if (!o.prefix.empty()) prefix += "/" + o.prefix;
+    prefixed_ = std::make_unique<::gloo::rendezvous::PrefixStore>(prefix, *store_);
+
+    ::gloo::transport::tcp::attr attr;
+    std::string iface = o.iface;
+    if (o.hostname.empty() && iface.empty())
+      if (const char* e = std::getenv("GLOO_SOCKET_IFNAME")) iface = e;
+    if (!o.hostname.empty()) attr.hostname = o.hostname;
+    else if (!iface.empty()) attr.iface = iface;
+    try {
+      device_ = ::gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      throw error(where + ": cannot open a TCP device on " +
+                  (!o.hostname.empty() ? "host '" + o.hostname + "'"
+                   : !iface.empty()    ? "interface '" + iface + "'"
+                                       : std::string("this machine's host name")) +
+                  ": " + e.what());
+    }
+    auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
+    ctx->setTimeout(o.timeout);
+    try {
+      ctx->connectFullMesh(*prefixed_, device_);
+    } catch (const ::gloo::IoException& e) {
+      const std::string what = e.what();
+      if (what.find("imeout") != std::string::npos)
+        throw timeout_error(where + ": the rendezvous through '" + url + "' (key prefix '" + prefix +
+                            "') did not complete within " + std::to_string(o.timeout.count()) +
+                            " ms: a rank did not arrive (" + what + ")");
+      throw error(where + ": connecting through '" + url + "' failed: " + what);
+    } catch (const std::exception& e) {
+      throw error(where + ": connecting through '" + url + "' (key prefix '" + prefix + "') failed: " + e.what() +
+                  " (keys of an earlier group with the same prefix? use a fresh directory, job or gloo_options::prefix)");
+    }
+    ctx_ = std::move(ctx);
+  }
+
+  /// Posts a send or receive of `bytes` at `data` with rank `peer` on slot
+  /// `tag` and hands it to a waiter thread.
+  /// @throws peer_error when the connection to peer is already broken
+  ///         (the transport is then failed).
+  std::shared_ptr<gloo_op> post(bool is_send, std::byte* data, std::size_t bytes, int peer, int tag) {
+    if (health_.failed())
+      throw peer_error("gloo_transport: rank " + std::to_string(rank_) + ": " + (is_send ? "send to" : "receive from") +
+                       " rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
+                       "): the transport failed earlier (first failure: " + health_.failure() + ")");
+    auto op = std::make_shared<gloo_op>();
+    op->is_send = is_send;
+    op->peer = peer;
+    op->tag = tag;
+    op->bytes = bytes;
+    const std::uint64_t slot = static_cast<std::uint32_t>(tag);
+    try {
+      op->buf = ctx_->createUnboundBuffer(data, bytes);
+      if (is_send) op->buf->send(peer, slot, 0, bytes);
+      else op->buf->recv(peer, slot, 0, bytes);
+    } catch (const std::exception& e) {
+      const std::string what = op->describe(rank_) + ": the connection to rank " + std::to_string(peer) +
+                               " is broken (" + e.what() + "): rank " + std::to_string(peer) +
+                               " failed, exited or closed its transport";
+      op->buf.reset();
+      fail(what);
+      throw peer_error(what);
+    }
+    {
+      std::lock_guard lk(mu_);
+      pending_.insert(op);
+      queue_.push_back(op);
+      if (idle_ >= queue_.size()) cv_.notify_one();
+      else threads_.emplace_back([this] { waiter(); });
+    }
+    // fail() sets the health before it aborts what is pending: an operation
+    // registered after that snapshot aborts itself.
+    if (health_.failed()) op->abort();
+    return op;
+  }
+
+  /// Fails the transport (the first failure is kept for its messages), ends
+  /// every pending wait (aborted), and closes every connection, so that the
+  /// peers' requests on them fail at once.
+  void fail(const std::string& what) {
+    health_.fail(what);
+    abort_pending();
+    if (!closed_.exchange(true) && ctx_) ctx_->closeConnections();
+  }
+
+  /// A request is destroyed before it completed: Gloo keeps its place in the
+  /// pair's queue (the pair cannot move past it), so the transport fails.
+  void abandon(gloo_op& op) {
+    bool pending;
+    {
+      std::lock_guard lk(op.mu);
+      pending = op.state == gloo_op::pending;
+    }
+    if (!pending) return;
+    fail(op.describe(rank_) + " was abandoned before it completed");
+    std::unique_lock lk(op.mu);
+    op.cv.wait(lk, [&] { return op.state != gloo_op::pending; });
+  }
+
+private:
+  void abort_pending() {
+    std::vector<std::shared_ptr<gloo_op>> ops;
+    {
+      std::lock_guard lk(mu_);
+      ops.assign(pending_.begin(), pending_.end());
+    }
+    for (auto& op : ops) op->abort();
+  }
+  // A waiter thread: takes the next posted operation and blocks in Gloo's
+  // wait until it completes, fails (its connection broke) or is aborted.
+  void waiter() {
+    for (;;) {
+      std::shared_ptr<gloo_op> op;
+      {
+        std::unique_lock lk(mu_);
+        ++idle_;
+        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        --idle_;
+        if (queue_.empty()) return;
+        op = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      // Gloo's timed wait closes the whole context when it expires, so the
+      // wait is untimed in effect (a year); the dpkit deadline is the
+      // request's.
+      constexpr auto forever = std::chrono::milliseconds(std::chrono::hours(24 * 365));
+      bool ok = false;
+      std::string err;
+      try {
+        ok = op->is_send ? op->buf->waitSend(nullptr, forever) : op->buf->waitRecv(nullptr, forever);
+      } catch (const std::exception& e) {
+        err = e.what();
+        if (err.empty()) err = "unknown Gloo error";
+      }
+      {
+        std::lock_guard lk(mu_);
+        pending_.erase(op);
+      }
+      {
+        std::lock_guard lk(op->mu);
+        op->state = !err.empty() ? gloo_op::failed : ok ? gloo_op::done : gloo_op::aborted;
+        op->error = err;
+      }
+      op->cv.notify_all();
+      if (!err.empty())
+        fail(op->describe(rank_) + " failed: the connection to rank " + std::to_string(op->peer) + " broke (" + err +
+             ")");
+    }
+  }
+
+  int rank_, size_;
+  comm_health health_;
+  std::unique_ptr<::gloo::rendezvous::Store> store_;
+  std::unique_ptr<::gloo::rendezvous::PrefixStore> prefixed_;
+  std::shared_ptr<::gloo::transport::Device> device_;
+  std::shared_ptr<::gloo::rendezvous::Context> ctx_;
+  std::atomic<bool> closed_{false};
+  std::mutex mu_; // pending_, queue_, idle_, stop_, threads_
+  std::condition_variable cv_;
+  std::unordered_set<std::shared_ptr<gloo_op>> pending_;
+  std::deque<std::shared_ptr<gloo_op>> queue_;
+  std::size_t idle_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+} // namespace detail
+
+/// A pending gloo_transport send or receive (models dpkit::request). Must be
+/// completed or destroyed before its transport. Destroying an incomplete
+/// request withdraws it (its buffer is never touched afterwards) and fails
+/// the transport: Gloo cannot take a posted operation back out of its pair's
+/// queue.
+class gloo_request {
+public:
+  gloo_request() = default;
+  /// Internal: wraps a posted operation of transport state `st`.
+  gloo_request(std::shared_ptr<detail::gloo_op> op, detail::gloo_state* st) : op_(std::move(op)), st_(st) {}
+  gloo_request(gloo_request&& o) noexcept : op_(std::move(o.op_)), st_(o.st_) {}
+  gloo_request& operator=(gloo_request&& o) noexcept {
+    if (this != &o) {
+      release();
+      op_ = std::move(o.op_);
+      st_ = o.st_;
+    }
+    return *this;
+  }
+  ~gloo_request() { release(); }
+
+  /// Blocks until the operation completed.
+  /// @throws dpkit::timeout_error past deadline d (naming rank, peer, tag
+  ///         and bytes; the transport is then failed by the collective that
+  ///         waited); dpkit::peer_error when the connection to the peer
+  ///         broke (the peer exited, crashed or closed its transport) or the
+  ///         transport failed meanwhile (another request's peer, a timeout:
+  ///         the message names the first failure).
+  void wait(deadline d) {
+    if (!op_) return;
+    for (;;) {
+      {
+        std::unique_lock lk(op_->mu);
+        const auto until = std::min(d, clock::now() + std::chrono::milliseconds(10));
+        op_->cv.wait_until(lk, until, [&] { return op_->state != detail::gloo_op::pending; });
+        switch (op_->state) {
+        case detail::gloo_op::done: return;
+        case detail::gloo_op::failed:
+          throw peer_error(op_->describe(st_->rank()) + " failed: the connection to rank " +
+                           std::to_string(op_->peer) + " broke (" + op_->error + "): rank " +
+                           std::to_string(op_->peer) + " failed, exited or closed its transport");
+        case detail::gloo_op::aborted:
+          throw peer_error(op_->describe(st_->rank()) + " stopped: the transport failed (first failure: " +
+                           st_->health().failure() + ")");
+        case detail::gloo_op::pending: break;
+        }
+      }
+      if (clock::now() >= d)
+        throw timeout_error(op_->describe(st_->rank()) + " did not complete before its deadline");
+    }
+  }
+  /// True once the operation completed (or failed: wait() then throws).
+  bool test() const {
+    if (!op_) return true;
+    std::lock_guard lk(op_->mu);
+    return op_->state != detail::gloo_op::pending;
+  }
+  /// Payload bytes of this request.
+  std::size_t bytes() const noexcept { return op_ ? op_->bytes : 0; }
+
+private:
+  void release() noexcept {
+    if (!op_) return;
+    st_->abandon(*op_);
+    op_.reset();
+  }
+  std::shared_ptr<detail::gloo_op> op_;
+  detail::gloo_state* st_ = nullptr;
+};
+
+/// A group of ranks connected by Gloo's TCP transport (models
+/// dpkit::transport, checked_transport, scratch_transport, async_transport).
+/// Every dpkit algorithm (ring, tree, dissemination barrier, the
+/// dispatchers' non-native choices) runs on it unchanged; it has no native
+/// collectives, no shared segment and no device memory.
+///
+/// Each of the `size` ranks, in any processes on any hosts that reach each
+/// other over TCP, constructs one with the same store URL and its own rank;
+/// the constructor returns once all of them are connected. Movable, not
+/// copyable; used by one thread at a time (plus its own communication
+/// thread). Recovery from any failure: a new gloo_transport on every live
+/// rank, under a new gloo_options::prefix.
+class gloo_transport {
+public:
+  /// Joins the group `store_url` names as rank `rank` of `size`: writes
+  /// this rank's addresses to the store, reads everyone else's, and connects
+  /// a TCP pair to each other rank (Gloo's full-mesh rendezvous).
+  /// @param store_url `file:///dir` (a directory on a file system every
+  ///        rank sees; created if missing) or `redis://host:port/job` (a
+  ///        Redis server; the job name namespaces the keys). The keys of one
+  ///        rendezvous are written once: ranks meeting again through the
+  ///        same store pass a new gloo_options::prefix.
+  /// @param rank this rank, in [0, size).
+  /// @param size number of ranks, >= 1.
+  /// @throws dpkit::invalid_argument for a bad URL (naming it), rank or size;
+  ///         dpkit::timeout_error when the other ranks do not all arrive
+  ///         within o.timeout (Gloo's file and Redis stores also bound each
+  ///         wait for a key by 30 s); dpkit::error when the store or the
+  ///         network cannot be used (unreachable Redis server, stale keys of
+  ///         an earlier group under the same prefix, no such interface).
+  gloo_transport(const std::string& store_url, int rank, int size, const gloo_options& o = {})
+      : st_(make_state(store_url, rank, size)), arena_(std::make_unique<detail::scratch_arena>()),
+        progress_(std::make_unique<progress_thread>()) {
+    detail::gloo_ignore_sigpipe();
+    st_->connect(store_url, o);
+  }
+  gloo_transport(gloo_transport&&) = default;
+  gloo_transport& operator=(gloo_transport&&) = default;
+  gloo_transport(const gloo_transport&) = delete;
+  gloo_transport& operator=(const gloo_transport&) = delete;
+  /// Finishes queued asynchronous collectives, then closes the connections
+  /// (peers still waiting on this rank get peer_error).
+  ~gloo_transport() = default;
+
+  /// This rank, in [0, size()).
+  int rank() const noexcept { return st_->rank(); }
+  /// Number of ranks.
+  int size() const noexcept { return st_->size(); }
+  /// Host memory only.
+  static constexpr bool accepts(memory_space s) noexcept { return s == memory_space::host; }
+
+  /// Starts sending `data` to rank `peer` with `tag`. The buffer must stay
+  /// valid and unchanged until the request completes.
+  /// @throws dpkit::invalid_argument if peer is out of range or this rank;
+  ///         dpkit::peer_error if the connection to peer is already broken.
+  gloo_request isend(std::span<const std::byte> data, int peer, int tag) {
+    check_peer(peer, "isend");
+    return {st_->post(true, const_cast<std::byte*>(data.data()), data.size(), peer, tag), st_.get()};
+  }
+  /// Starts receiving exactly data.size() bytes from rank `peer` with `tag`
+  /// (a receive longer than its send completes early with the send's bytes
+  /// and one shorter fails Gloo: matching lengths are the caller's
+  /// precondition, as on every dpkit transport).
+  /// @throws dpkit::invalid_argument if peer is out of range or this rank;
+  ///         dpkit::peer_error if the connection to peer is already broken.
+  gloo_request irecv(std::span<std::byte> data, int peer, int tag) {
+    check_peer(peer, "irecv");
+    return {st_->post(false, data.data(), data.size(), peer, tag), st_.get()};
+  }
+
+  /// Collective health (checked_transport): sequence numbers, current
+  /// fingerprint, first failure. Messages carry checked tags, so a peer
+  /// running another collective never matches them (the wait ends at the
+  /// deadline, or earlier when a peer fails).
+  detail::comm_health& health() noexcept { return st_->health(); }
+  /// Fails this transport and closes its connections: every peer's pending
+  /// and later requests with this rank throw peer_error within milliseconds
+  /// (checked_transport).
+  void report_failure(const std::string& what) {
+    st_->fail("rank " + std::to_string(rank()) + " failed: " + what);
+  }
+
+  /// This rank's communication thread (runs *_async collectives in order).
+  progress_thread& progress() { return *progress_; }
+  /// Host scratch reused by this rank's collectives (internal).
+  detail::scratch_arena& scratch() { return *arena_; }
+
+private:
+  static std::unique_ptr<detail::gloo_state> make_state(const std::string& url, int rank, int size) {
+    if (size < 1) throw invalid_argument("gloo_transport: world size must be >= 1, got " + std::to_string(size));
+    if (rank < 0 || rank >= size)
+      throw invalid_argument("gloo_transport: rank " + std::to_string(rank) + " out of range for world size " +
+                             std::to_string(size));
+    (void)detail::parse_gloo_store_url(url); // a bad URL is an invalid_argument before anything else
+    return std::make_unique<detail::gloo_state>(rank, size);
+  }
+  void check_peer(int peer, const char* what) const {
+    if (peer < 0 || peer >= size() || peer == rank())
+      throw invalid_argument(std::string("gloo_transport::") + what + ": rank " + std::to_string(rank()) +
+                             ": peer rank " + std::to_string(peer) +
+                             (peer == rank() ? " is this rank (Gloo has no pair to itself)"
+                                             : " out of range for world size " + std::to_string(size())));
+  }
+
+  // Destroyed in reverse: the communication thread first (its collectives
+  // use the state), then the arena, then the state (waiters, connections).
+  std::unique_ptr<detail::gloo_state> st_;
+  std::unique_ptr<detail::scratch_arena> arena_;
+  std::unique_ptr<progress_thread> progress_;
+};
+
+} // namespace dpkit
