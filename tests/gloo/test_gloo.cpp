@@ -16,6 +16,7 @@
 #include <doctest/doctest.h>
 
 #include <arpa/inet.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -153,10 +154,18 @@ void check_allreduce_all_types(const temp_dir& dir, int n) {
 // process ends itself with _exit(3) 300 ms in, mid-collective; a survivor
 // exits 0 when its failing call threw a dpkit error within 5 s (the
 // collective's deadline is 60 s), 2 when it took longer, 4 when nothing
-// failed within 20 s.
+// failed within 20 s. Every rank exits 6 if SIGPIPE is not ignored once its
+// transport exists.
 int worker(const std::string& url, int rank, int size, int die_rank) {
   try {
     dpkit::gloo_transport comm(url, rank, size, local_options());
+    // Gloo writes with writev: with SIGPIPE's default action a write to a
+    // peer that just died would end this process instead of failing.
+    struct sigaction sa{};
+    if (sigaction(SIGPIPE, nullptr, &sa) != 0 || sa.sa_handler != SIG_IGN) {
+      std::cerr << "worker rank " << rank << ": SIGPIPE is not ignored\n";
+      return 6;
+    }
     if (die_rank < 0) {
       int bad = 0;
       for (kind k : {kind::ar_ring, kind::ar_tree})
@@ -485,12 +494,17 @@ TEST_CASE("gloo: a rank that never joins the collective: the others throw by the
 
 TEST_CASE("gloo: a rank that closes its transport mid-collective: the others throw peer_error at once") {
   // The deadline is 60 s: the survivors must learn from the broken
-  // connections, within milliseconds, not from the deadline.
+  // connections, within milliseconds, not from the deadline. Ranks 0 and 2
+  // are rank 1's ring neighbours; rank 3 is not connected to it in the ring
+  // and learns only because the failing ranks close all their connections
+  // (each survivor keeps its transport open until all three threw, so no
+  // destructor closes them for it).
   temp_dir dir;
   const int n = 4;
   std::vector<long long> ms(n, -1);
   std::vector<std::string> what(n);
   std::atomic<bool> go{false};
+  std::atomic<int> threw{0};
   const auto errors = run_world(dir.url("close"), n, [&](dpkit::gloo_transport& comm) {
     const auto r = static_cast<std::size_t>(comm.rank());
     if (comm.rank() == 1) {
@@ -522,6 +536,9 @@ TEST_CASE("gloo: a rank that closes its transport mid-collective: the others thr
     } catch (const dpkit::communicator_error&) {
     } catch (const dpkit::peer_error&) {
     }
+    ++threw;
+    const auto until = dpkit::clock::now() + 20s;
+    while (threw.load() < 3 && dpkit::clock::now() < until) std::this_thread::sleep_for(1ms);
   });
   for (int r : {0, 2, 3}) {
     CAPTURE(r);

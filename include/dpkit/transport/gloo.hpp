@@ -68,6 +68,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
+#include <signal.h> // sigaction
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
