@@ -33,6 +33,7 @@
 #include "../core/options.hpp"
 #include "../core/tensor.hpp"
 #include "concept.hpp"
+#include "detail/gloo_store.hpp"
 #include "detail/health.hpp"
 #include "detail/scratch_arena.hpp"
 
@@ -40,28 +41,9 @@
 #include <gloo/config.h>
 #include <gloo/context.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
-
-// Gloo's redis_store.h includes <hiredis.h> (pkg-config hiredis adds
-// /usr/include/hiredis) or, with HIREDIS_NESTED_INCLUDE, <hiredis/hiredis.h>.
-#if GLOO_USE_REDIS
-#if __has_include(<hiredis.h>)
-#include <gloo/rendezvous/redis_store.h>
-#define DPKIT_GLOO_REDIS 1
-#elif __has_include(<hiredis/hiredis.h>)
-#ifndef HIREDIS_NESTED_INCLUDE
-#define HIREDIS_NESTED_INCLUDE 1
-#endif
-#include <gloo/rendezvous/redis_store.h>
-#define DPKIT_GLOO_REDIS 1
-#endif
-#endif
-#ifndef DPKIT_GLOO_REDIS
-#define DPKIT_GLOO_REDIS 0
-#endif
 
 #include <algorithm>
 #include <atomic>
@@ -110,77 +92,6 @@ struct gloo_options {
 };
 
 namespace detail {
-
-/// A parsed store URL: file:///path or redis://host[:port]/job.
-struct gloo_store_url {
-  bool redis = false;
-  std::string path;       // file: absolute directory
-  std::string host;       // redis
-  int port = 6379;        // redis
-  std::string job;        // redis: the job's key namespace
-};
-
-/// Parses a store URL. `file:///abs/dir` (a directory, created if missing)
-/// or `redis://host[:port]/job` (port 1-65535, default 6379; host may be an
-/// [IPv6] literal; job non-empty).
-/// @throws dpkit::invalid_argument naming the URL and what is wrong.
-inline gloo_store_url parse_gloo_store_url(std::string_view url) {
-  auto bad = [&](const std::string& why) -> invalid_argument {
-    return invalid_argument("gloo_transport: store URL '" + std::string(url) + "': " + why +
-                            " (expected file:///absolute/directory or redis://host:port/job)");
-  };
-  gloo_store_url u;
-  constexpr std::string_view file = "file://", redis = "redis://";
-  if (url.substr(0, file.size()) == file) {
-    const std::string_view rest = url.substr(file.size());
-    if (rest.empty() || rest.front() != '/')
-      throw bad(rest.empty() ? "no path" : "a file URL names a local absolute path (file:///dir), not a host");
-    if (rest.size() == 1) throw bad("the path is the root directory");
-    u.path = std::string(rest);
-    return u;
-  }
-  if (url.substr(0, redis.size()) == redis) {
-    u.redis = true;
-    std::string_view rest = url.substr(redis.size());
-    const auto slash = rest.find('/');
-    if (slash == std::string_view::npos) throw bad("no job name after the host (redis://host:port/job)");
-    std::string_view hostport = rest.substr(0, slash);
-    u.job = std::string(rest.substr(slash + 1));
-    if (u.job.empty()) throw bad("empty job name");
-    std::string_view port;
-    if (!hostport.empty() && hostport.front() == '[') {
-      const auto close = hostport.find(']');
-      if (close == std::string_view::npos) throw bad("unterminated [IPv6] host");
-      u.host = std::string(hostport.substr(1, close - 1));
-      const std::string_view after = hostport.substr(close + 1);
-      if (!after.empty()) {
-        if (after.front() != ':') throw bad("junk after the [IPv6] host");
-        port = after.substr(1);
-        if (port.empty()) throw bad("empty port");
-      }
-    } else {
-      const auto colon = hostport.find(':');
-      u.host = std::string(hostport.substr(0, colon));
-      if (colon != std::string_view::npos) {
-        port = hostport.substr(colon + 1);
-        if (port.empty()) throw bad("empty port");
-      }
-    }
-    if (u.host.empty()) throw bad("empty host");
-    if (!port.empty()) {
-      long p = 0;
-      for (char c : port) {
-        if (c < '0' || c > '9') throw bad("port '" + std::string(port) + "' is not a number");
-        p = p * 10 + (c - '0');
-        if (p > 65535) break;
-      }
-      if (p < 1 || p > 65535) throw bad("port '" + std::string(port) + "' is out of range 1-65535");
-      u.port = static_cast<int>(p);
-    }
-    return u;
-  }
-  throw bad("unknown scheme");
-}
 
 /// Gloo writes to sockets with writev, which raises SIGPIPE when the peer
 /// has gone; with the default action that kills the process instead of
@@ -253,33 +164,15 @@ public:
   /// Connects to every other rank through the store (a collective call of
   /// all `size` ranks).
   void connect(const std::string& url, const gloo_options& o) {
-    const gloo_store_url u = parse_gloo_store_url(url);
-    const std::string where = "gloo_transport: rank " + std::to_string(rank_) + " of " + std::to_string(size_);
-    std::string prefix = "dpkit";
-    if (u.redis) {
-#if DPKIT_GLOO_REDIS
-      try {
-        store_ = std::make_unique<::gloo::rendezvous::RedisStore>(u.host, u.port);
-      } catch (const std::exception& e) {
-        throw error(where + ": cannot reach the Redis server of store URL '" + url + "': " + e.what());
-      }
-      prefix += "/" + u.job;
-#else
-      throw invalid_argument(where + ": store URL '" + url +
-                             "': this build of Gloo has no Redis store (GLOO_USE_REDIS is 0 or hiredis.h is missing)");
-#endif
-    } else {
-      std::error_code ec;
-      std::filesystem::create_directories(u.path, ec);
-      if (ec || !std::filesystem::is_directory(u.path))
-        throw error(where + ": store URL '" + url + "': cannot create the directory '" + u.path +
-                    "': " + (ec ? ec.message() : std::string("not a directory")));
-      try {
-        store_ = std::make_unique<::gloo::rendezvous::FileStore>(u.path);
-      } catch (const std::exception& e) {
-        throw error(where + ": store URL '" + url + "': " + e.what());
-      }
-    }
+    std::string prefix;
+    auto store = open_kv_store(url, where(), o.timeout, prefix);
+    connect(std::move(store), prefix, o);
+  }
+  /// Connects through an open store, under `prefix` (+ "/" + o.prefix).
+  void connect(std::shared_ptr<kv_store> store, std::string prefix, const gloo_options& o) {
+    const std::string where = this->where();
+    const std::string url = store->where();
+    store_ = std::move(store);
     if (!o.prefix.empty()) prefix += "/" + o.prefix;
     prefixed_ = std::make_unique<::gloo::rendezvous::PrefixStore>(prefix, *store_);
 
@@ -302,18 +195,27 @@ public:
     ctx->setTimeout(o.timeout);
     try {
       ctx->connectFullMesh(*prefixed_, device_);
+    } catch (const timeout_error& e) {
+      throw timeout_error(where + ": the rendezvous (key prefix '" + prefix + "') did not complete within " +
+                          std::to_string(o.timeout.count()) + " ms: a rank did not arrive (" + e.what() + ")");
     } catch (const ::gloo::IoException& e) {
       const std::string what = e.what();
       if (what.find("imeout") != std::string::npos)
-        throw timeout_error(where + ": the rendezvous through '" + url + "' (key prefix '" + prefix +
+        throw timeout_error(where + ": the rendezvous through " + url + " (key prefix '" + prefix +
                             "') did not complete within " + std::to_string(o.timeout.count()) +
                             " ms: a rank did not arrive (" + what + ")");
-      throw error(where + ": connecting through '" + url + "' failed: " + what);
+      throw error(where + ": connecting through " + url + " failed: " + what);
+    } catch (const error& e) { // the store's own (it names itself and the key)
+      throw error(where + ": " + e.what());
     } catch (const std::exception& e) {
-      throw error(where + ": connecting through '" + url + "' (key prefix '" + prefix + "') failed: " + e.what() +
+      throw error(where + ": connecting through " + url + " (key prefix '" + prefix + "') failed: " + e.what() +
                   " (keys of an earlier group with the same prefix? use a fresh directory, job or gloo_options::prefix)");
     }
     ctx_ = std::move(ctx);
+  }
+
+  std::string where() const {
+    return "gloo_transport: rank " + std::to_string(rank_) + " of " + std::to_string(size_);
   }
 
   /// Posts a send or receive of `bytes` at `data` with rank `peer` on slot
@@ -432,7 +334,7 @@ private:
 
   int rank_, size_;
   comm_health health_;
-  std::unique_ptr<::gloo::rendezvous::Store> store_;
+  std::shared_ptr<kv_store> store_;
   std::unique_ptr<::gloo::rendezvous::PrefixStore> prefixed_;
   std::shared_ptr<::gloo::transport::Device> device_;
   std::shared_ptr<::gloo::rendezvous::Context> ctx_;
@@ -544,15 +446,24 @@ public:
   /// @param size number of ranks, >= 1.
   /// @throws dpkit::invalid_argument for a bad URL (naming it), rank or size;
   ///         dpkit::timeout_error when the other ranks do not all arrive
-  ///         within o.timeout (Gloo's file and Redis stores also bound each
-  ///         wait for a key by 30 s); dpkit::error when the store or the
+  ///         within o.timeout; dpkit::error when the store or the
   ///         network cannot be used (unreachable Redis server, stale keys of
   ///         an earlier group under the same prefix, no such interface).
   gloo_transport(const std::string& store_url, int rank, int size, const gloo_options& o = {})
-      : st_(make_state(store_url, rank, size)), arena_(std::make_unique<detail::scratch_arena>()),
+      : st_(make_state(&store_url, rank, size)), arena_(std::make_unique<detail::scratch_arena>()),
         progress_(std::make_unique<progress_thread>()) {
     detail::gloo_ignore_sigpipe();
     st_->connect(store_url, o);
+  }
+  /// Joins a group through an open store (what dpkit::elastic_group uses to
+  /// share one store connection among its generations): the rendezvous keys
+  /// are under `key_prefix` (+ "/" + o.prefix). Otherwise as above.
+  gloo_transport(std::shared_ptr<detail::kv_store> store, const std::string& key_prefix, int rank, int size,
+                 const gloo_options& o = {})
+      : st_(make_state(nullptr, rank, size)),
+        arena_(std::make_unique<detail::scratch_arena>()), progress_(std::make_unique<progress_thread>()) {
+    detail::gloo_ignore_sigpipe();
+    st_->connect(std::move(store), key_prefix, o);
   }
   gloo_transport(gloo_transport&&) = default;
   gloo_transport& operator=(gloo_transport&&) = default;
@@ -606,12 +517,13 @@ public:
   detail::scratch_arena& scratch() { return *arena_; }
 
 private:
-  static std::unique_ptr<detail::gloo_state> make_state(const std::string& url, int rank, int size) {
+  // Checks rank, size and (when given) the URL before anything is opened.
+  static std::unique_ptr<detail::gloo_state> make_state(const std::string* url, int rank, int size) {
     if (size < 1) throw invalid_argument("gloo_transport: world size must be >= 1, got " + std::to_string(size));
     if (rank < 0 || rank >= size)
       throw invalid_argument("gloo_transport: rank " + std::to_string(rank) + " out of range for world size " +
                              std::to_string(size));
-    (void)detail::parse_gloo_store_url(url); // a bad URL is an invalid_argument before anything else
+    if (url) (void)detail::parse_gloo_store_url(*url); // a bad URL is an invalid_argument before anything else
     return std::make_unique<detail::gloo_state>(rank, size);
   }
   void check_peer(int peer, const char* what) const {
