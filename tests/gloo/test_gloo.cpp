@@ -11,6 +11,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "../collectives/common.hpp"
 
+#include <dpkit/elastic/group.hpp>
 #include <dpkit/transport/gloo.hpp>
 
 #include <doctest/doctest.h>
@@ -362,8 +363,6 @@ int redis_main() {
   return rc;
 }
 
-} // namespace
-
 TEST_CASE("gloo: store URLs") {
   using dpkit::detail::parse_gloo_store_url;
   auto f = parse_gloo_store_url("file:///tmp/x/y");
@@ -619,6 +618,251 @@ TEST_CASE("gloo: ranks as processes: correct all-reduces, and a process that die
       CHECK(codes[static_cast<std::size_t>(r)] == (r == die ? 3 : 0));
     }
   }
+}
+
+// ---- elastic membership (dpkit/elastic/group.hpp) ----
+
+dpkit::elastic_options elastic_test_options(int first_size) {
+  dpkit::elastic_options o;
+  o.transport.hostname = "127.0.0.1";
+  o.heartbeat_interval = 20ms;
+  o.dead_after = 300ms;
+  o.announce_wait = 2s;
+  o.connect_timeout = 2s;
+  o.timeout = 20s;
+  o.first_size = first_size;
+  return o;
+}
+
+// An all-reduce (ring, then tree) of every member's id pattern, checked on
+// the spot: element i of id q is q + i, so the sum is the sum of the
+// members' ids plus size * i. Throws std::runtime_error on a wrong value.
+void checked_allreduce(dpkit::elastic_group& g) {
+  const std::size_t count = 1000;
+  long long ids = 0;
+  for (auto q : g.members()) ids += q;
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<double> v(count);
+    for (std::size_t i = 0; i < count; ++i) v[i] = double(g.id()) + double(i);
+    dpkit::collective_options o;
+    o.timeout = 20s;
+    if (pass == 0) dpkit::allreduce_ring(g.transport(), v, dpkit::reduce_op::sum, o);
+    else dpkit::allreduce_tree(g.transport(), v, dpkit::reduce_op::sum, o);
+    for (std::size_t i = 0; i < count; ++i)
+      if (v[i] != double(ids) + double(g.size()) * double(i))
+        throw std::runtime_error("id " + std::to_string(g.id()) + ": all-reduce [" + std::to_string(i) + "] = " +
+                                 std::to_string(v[i]) + " in generation " + std::to_string(g.generation()));
+  }
+}
+
+struct member_view {
+  std::uint64_t generation = 0;
+  int rank = -1;
+  std::vector<std::int64_t> members;
+  std::string error;        // what a collective threw (the failure)
+  long long failed_ms = -1; // how long the failing collective took
+  long long rebuild_ms = -1; // how long rebuild() took
+  std::string fatal;        // an exception that ended the thread
+};
+
+// Runs body(id, view) on one thread per id; returns the views by id order.
+template <class F>
+std::vector<member_view> run_members(const std::vector<std::int64_t>& ids, F&& body) {
+  std::vector<member_view> views(ids.size());
+  std::vector<std::thread> ts;
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ts.emplace_back([&, i] {
+      try {
+        body(ids[i], views[i]);
+      } catch (const std::exception& e) {
+        views[i].fatal = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return views;
+}
+
+void record(const dpkit::elastic_group& g, member_view& v) {
+  v.generation = g.generation();
+  v.rank = g.rank();
+  v.members = g.members();
+}
+
+// Member `die` leaves (closes its transport, stops its heartbeat) while the
+// others are in an all-reduce (mid == true: they are blocked on it in their
+// 4th collective) or between two all-reduces (mid == false); the survivors'
+// collective throws a dpkit::error, they rebuild, and check an all-reduce in
+// the new generation.
+std::vector<member_view> fail_and_rebuild(const temp_dir& dir, const std::string& sub,
+                                          const std::vector<std::int64_t>& ids, std::int64_t die, bool mid) {
+  return run_members(ids, [&](std::int64_t id, member_view& v) {
+    dpkit::elastic_group g(dir.url(sub), id, elastic_test_options(static_cast<int>(ids.size())));
+    if (g.generation() != 0 || g.size() != static_cast<int>(ids.size())) throw std::runtime_error("generation 0 is wrong");
+    std::vector<double> big(1 << 15, 1.0);
+    dpkit::collective_options o;
+    o.timeout = 20s;
+    for (int k = 0; k < 3; ++k) dpkit::allreduce_ring(g.transport(), big, dpkit::reduce_op::sum, o);
+    if (id == die) {
+      std::this_thread::sleep_for(mid ? 100ms : 0ms);
+      return; // ~elastic_group: the others see a failure
+    }
+    if (!mid) std::this_thread::sleep_for(200ms); // the failure happens between collectives
+    const auto t0 = dpkit::clock::now();
+    try {
+      dpkit::allreduce_ring(g.transport(), big, dpkit::reduce_op::sum, o);
+      throw std::runtime_error("the collective after the failure did not throw");
+    } catch (const dpkit::error& e) {
+      v.error = e.what();
+      v.failed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(dpkit::clock::now() - t0).count();
+    }
+    const auto t1 = dpkit::clock::now();
+    g.rebuild();
+    v.rebuild_ms = std::chrono::duration_cast<std::chrono::milliseconds>(dpkit::clock::now() - t1).count();
+    record(g, v);
+    checked_allreduce(g);
+  });
+}
+
+void check_rebuilt(const std::vector<member_view>& views, const std::vector<std::int64_t>& ids, std::int64_t die) {
+  std::vector<std::int64_t> survivors;
+  for (auto q : ids)
+    if (q != die) survivors.push_back(q);
+  std::sort(survivors.begin(), survivors.end());
+  std::uint64_t gen = 0;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const auto& v = views[i];
+    CAPTURE(ids[i]);
+    CAPTURE(v.fatal);
+    CHECK(v.fatal.empty());
+    if (ids[i] == die) continue;
+    CAPTURE(v.error);
+    CHECK(!v.error.empty());
+    CHECK(v.failed_ms >= 0);
+    CHECK(v.failed_ms < 5000); // the collective's deadline is 20 s
+    // The dead member is known dead by its heartbeat (300 ms), not waited
+    // for until announce_wait (2 s).
+    CHECK(v.rebuild_ms >= 0);
+    CHECK(v.rebuild_ms < 1500);
+    CHECK(v.generation >= 1);
+    if (gen == 0) gen = v.generation;
+    CHECK(v.generation == gen); // one generation for all
+    CHECK(v.members == survivors);
+    const auto pos = std::find(survivors.begin(), survivors.end(), ids[i]) - survivors.begin();
+    CHECK(v.rank == pos); // dense ranks by id
+    MESSAGE("id " << ids[i] << ": collective threw after " << v.failed_ms << " ms, rebuild took " << v.rebuild_ms
+                  << " ms, generation " << v.generation << ", rank " << v.rank);
+  }
+}
+
+} // namespace
+
+TEST_CASE("elastic: generation 0 ranks processes densely by id; the lowest id is rank 0") {
+  temp_dir dir;
+  const std::vector<std::int64_t> ids = {10, 3, 7, 5};
+  const auto views = run_members(ids, [&](std::int64_t id, member_view& v) {
+    dpkit::elastic_group g(dir.url("form"), id, elastic_test_options(4));
+    record(g, v);
+    checked_allreduce(g);
+  });
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    CAPTURE(views[i].fatal);
+    CHECK(views[i].fatal.empty());
+    CHECK(views[i].generation == 0);
+    CHECK(views[i].members == std::vector<std::int64_t>{3, 5, 7, 10});
+  }
+  CHECK(views[0].rank == 3);
+  CHECK(views[1].rank == 0);
+  CHECK(views[2].rank == 2);
+  CHECK(views[3].rank == 1);
+  CHECK_THROWS_AS(dpkit::elastic_group("file:///tmp/x", -1), dpkit::invalid_argument);
+  CHECK_THROWS_AS(dpkit::elastic_group("nfs://x", 1), dpkit::invalid_argument);
+}
+
+TEST_CASE("elastic: a member fails during a collective: every survivor throws, then all rebuild under the next generation") {
+  temp_dir dir;
+  const std::vector<std::int64_t> ids = {3, 5, 7, 10};
+  SUBCASE("a middle member") { check_rebuilt(fail_and_rebuild(dir, "mid7", ids, 7, true), ids, 7); }
+  SUBCASE("the master (the lowest id)") { check_rebuilt(fail_and_rebuild(dir, "mid3", ids, 3, true), ids, 3); }
+}
+
+TEST_CASE("elastic: a member fails between collectives: the next collective throws, then all rebuild") {
+  temp_dir dir;
+  const std::vector<std::int64_t> ids = {3, 5, 7, 10};
+  check_rebuilt(fail_and_rebuild(dir, "between", ids, 10, false), ids, 10);
+}
+
+TEST_CASE("elastic: a process joins a running group at a step boundary") {
+  temp_dir dir;
+  const std::vector<std::int64_t> ids = {3, 5, 10, 8};
+  std::atomic<int> steps{0};
+  const auto views = run_members(ids, [&](std::int64_t id, member_view& v) {
+    if (id == 8) {
+      while (steps.load() < 3) std::this_thread::sleep_for(1ms); // the group is running
+      dpkit::elastic_group g(dir.url("join"), id, elastic_test_options(3));
+      record(g, v);
+      checked_allreduce(g);
+      return;
+    }
+    dpkit::elastic_group g(dir.url("join"), id, elastic_test_options(3));
+    if (g.size() != 3) throw std::runtime_error("generation 0 is not the three first processes");
+    for (int step = 0; step < 2000; ++step) {
+      checked_allreduce(g);
+      if (id == 3) ++steps;
+      if (g.admit_joiners()) break;
+    }
+    record(g, v);
+    checked_allreduce(g);
+  });
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    CAPTURE(ids[i]);
+    CAPTURE(views[i].fatal);
+    CHECK(views[i].fatal.empty());
+    CHECK(views[i].generation == 1);
+    CHECK(views[i].members == std::vector<std::int64_t>{3, 5, 8, 10});
+  }
+  CHECK(views[3].rank == 2); // id 8 between 5 and 10
+}
+
+TEST_CASE("elastic: a process that dies while it joins does not stop the group") {
+  // Process 99 asks to join and takes part in forming the next generation,
+  // then dies (its heartbeat stops) before it connects. If it was chosen,
+  // that generation's rendezvous times out (connect_timeout) and the next one
+  // forms without it; either way the group goes on with its three members.
+  temp_dir dir;
+  const std::vector<std::int64_t> ids = {3, 5, 10};
+  std::atomic<bool> formed{false};
+  std::thread ghost([&] {
+    while (!formed.load()) std::this_thread::sleep_for(1ms);
+    std::string prefix;
+    auto store = dpkit::detail::open_kv_store(dir.url("ghost"), "test", 2s, prefix);
+    const std::string p = prefix + "/elastic/";
+    std::size_t k = 0;
+    while (!store->create(p + "join/" + std::to_string(k), {'9', '9'})) ++k;
+    store->put(p + "hb/99", {'0'});
+    store->create(p + "g/1/alive/99", {});
+  });
+  const auto t0 = dpkit::clock::now();
+  const auto views = run_members(ids, [&](std::int64_t id, member_view& v) {
+    dpkit::elastic_group g(dir.url("ghost"), id, elastic_test_options(3));
+    formed = true;
+    for (int step = 0; step < 2000; ++step) {
+      checked_allreduce(g);
+      if (g.admit_joiners()) break;
+    }
+    record(g, v);
+    checked_allreduce(g);
+  });
+  ghost.join();
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    CAPTURE(ids[i]);
+    CAPTURE(views[i].fatal);
+    CHECK(views[i].fatal.empty());
+    CHECK(views[i].generation >= 1);
+    CHECK(views[i].generation == views[0].generation);
+    CHECK(views[i].members == std::vector<std::int64_t>{3, 5, 10});
+  }
+  CHECK(dpkit::clock::now() - t0 < 15s);
+  MESSAGE("the group went on in generation " << views[0].generation);
 }
 
 int main(int argc, char** argv) {
