@@ -776,6 +776,16 @@ TEST_CASE("elastic: generation 0 ranks processes densely by id; the lowest id is
   CHECK(views[3].rank == 1);
   CHECK_THROWS_AS(dpkit::elastic_group("file:///tmp/x", -1), dpkit::invalid_argument);
   CHECK_THROWS_AS(dpkit::elastic_group("nfs://x", 1), dpkit::invalid_argument);
+  // A protocol key that holds garbage: format_error naming it, no hang.
+  std::string prefix;
+  auto store = dpkit::detail::open_kv_store(dir.url("damaged"), "test", 2s, prefix);
+  store->put(prefix + "/elastic/latest", {'x', '1'});
+  try {
+    dpkit::elastic_group g(dir.url("damaged"), 1, elastic_test_options(1));
+    FAIL("a damaged 'latest' key was accepted");
+  } catch (const dpkit::format_error& e) {
+    CHECK(std::string(e.what()).find("latest") != std::string::npos);
+  }
 }
 
 TEST_CASE("elastic: a member fails during a collective: every survivor throws, then all rebuild under the next generation") {

@@ -97,7 +97,8 @@ public:
   ///        restarted process takes a new one); ranks follow the ids' order.
   /// @throws dpkit::invalid_argument for a bad URL, id < 0, min_size < 1;
   ///         dpkit::timeout_error when no generation with this process forms
-  ///         within o.timeout; dpkit::error when the store cannot be used.
+  ///         within o.timeout; dpkit::error when the store cannot be used;
+  ///         dpkit::format_error when a key of the protocol holds garbage.
   elastic_group(const std::string& store_url, std::int64_t id, const elastic_options& o = {})
       : id_(id), o_(o) {
     if (id < 0) throw invalid_argument("elastic_group: id must be >= 0, got " + std::to_string(id));
@@ -114,7 +115,8 @@ public:
       while (store_->exists(key("join/" + std::to_string(k)))) ++k;
       while (!store_->create(key("join/" + std::to_string(k)), text(std::to_string(id_)))) ++k;
       std::uint64_t start = 0;
-      if (auto l = store_->try_get(key("latest"))) start = std::stoull(std::string(l->begin(), l->end())) + 1;
+      if (auto l = store_->try_get(key("latest")))
+        start = static_cast<std::uint64_t>(number(key("latest"), std::string(l->begin(), l->end()))) + 1;
       form(start);
     } catch (...) {
       stop_heartbeat();
@@ -187,6 +189,20 @@ public:
 
 private:
   static std::vector<char> text(const std::string& s) { return {s.begin(), s.end()}; }
+  // A decimal number the store holds under `k` (a key of this protocol).
+  long long number(const std::string& k, const std::string& s) const {
+    std::size_t end = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(s, &end);
+    } catch (const std::exception&) {
+      end = 0;
+    }
+    if (end == 0 || end != s.size())
+      throw format_error(store_->where() + ": key '" + k + "' holds '" + s +
+                         "', not a number (a damaged store, or keys of something else under its prefix)");
+    return v;
+  }
   std::string key(const std::string& k) const { return prefix_ + k; }
   std::string gkey(std::uint64_t t, const std::string& k) const { return key("g/" + std::to_string(t) + "/" + k); }
 
@@ -234,7 +250,7 @@ private:
     for (;;) {
       auto v = store_->try_get(key("join/" + std::to_string(queue_seen_)));
       if (!v) return;
-      queue_.push_back(std::stoll(std::string(v->begin(), v->end())));
+      queue_.push_back(number(key("join/" + std::to_string(queue_seen_)), std::string(v->begin(), v->end())));
       ++queue_seen_;
     }
   }
@@ -246,18 +262,18 @@ private:
     }
     return s;
   }
-  static std::vector<std::int64_t> parse_ids(const std::vector<char>& v) {
+  std::vector<std::int64_t> parse_ids(const std::string& k, const std::vector<char>& v) const {
     std::vector<std::int64_t> ids;
     std::string cur;
     for (char c : v) {
       if (c == ',') {
-        ids.push_back(std::stoll(cur));
+        ids.push_back(number(k, cur));
         cur.clear();
       } else {
         cur += c;
       }
     }
-    if (!cur.empty()) ids.push_back(std::stoll(cur));
+    if (!cur.empty()) ids.push_back(number(k, cur));
     return ids;
   }
 
@@ -271,13 +287,13 @@ private:
       // waits for (a new process reads them from the store).
       std::vector<std::int64_t> prev = members_;
       if (t > 0 && (prev.empty() || gen_ + 1 != t))
-        if (auto m = store_->try_get(gkey(t - 1, "members"))) prev = parse_ids(*m);
+        if (auto m = store_->try_get(gkey(t - 1, "members"))) prev = parse_ids(gkey(t - 1, "members"), *m);
       store_->create(gkey(t, "alive/" + std::to_string(id_)), {});
       const auto start = clock::now();
       std::vector<std::int64_t> decided;
       for (;;) {
         if (auto m = store_->try_get(gkey(t, "members"))) {
-          decided = parse_ids(*m);
+          decided = parse_ids(gkey(t, "members"), *m);
           break;
         }
         scan_queue();

@@ -56,13 +56,11 @@
 #include <cstdlib>
 #include <deque>
 #include <exception>
-#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
-#include <system_error>
 #include <thread>
 #include <unordered_set>
 #include <utility>
