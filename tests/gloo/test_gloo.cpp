@@ -281,88 +281,6 @@ bool port_open(int port) {
   return ok;
 }
 
-int redis_main() {
-  const std::string server = find_redis_server();
-  if (server.empty()) {
-    std::cout << "redis-server not installed: skipped\n";
-    return 77;
-  }
-  const int port = 20000 + static_cast<int>(getpid() % 20000);
-  if (port_open(port)) {
-    std::cout << "port " << port << " is in use: skipped\n";
-    return 77;
-  }
-  std::vector<std::string> args = {server, "--port", std::to_string(port), "--bind", "127.0.0.1", "--save", "",
-                                   "--appendonly", "no", "--loglevel", "warning"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  posix_spawn_file_actions_t quiet; // the server's start-up banner is noise in the test log
-  posix_spawn_file_actions_init(&quiet);
-  posix_spawn_file_actions_addopen(&quiet, 1, "/dev/null", O_WRONLY, 0);
-  const int spawned = posix_spawn(&pid, server.c_str(), &quiet, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&quiet);
-  if (spawned != 0) {
-    std::cerr << "cannot start " << server << "\n";
-    return 1;
-  }
-  int rc = 0;
-  const auto until = std::chrono::steady_clock::now() + 10s;
-  while (!port_open(port) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
-  if (!port_open(port)) {
-    std::cerr << "redis-server did not listen on port " << port << "\n";
-    rc = 1;
-  } else {
-    const std::string url = "redis://127.0.0.1:" + std::to_string(port) + "/dpkit-test-" + std::to_string(getpid());
-    // Two groups through one job: the second under a new prefix (the keys
-    // of a rendezvous are written once).
-    for (const char* prefix : {"g0", "g1"}) {
-      auto o = local_options();
-      o.prefix = prefix;
-      const int n = 3;
-      std::vector<std::vector<float>> got(n);
-      const auto errors = run_world(url, n, [&](dpkit::gloo_transport& comm) {
-        config c{kind::ar_ring, 1001, dpkit::reduce_op::sum};
-        c.o.timeout = 20s;
-        got[static_cast<std::size_t>(comm.rank())] = run_allreduce<float>(comm, c);
-        c.k = kind::ar_tree;
-        const auto t = run_allreduce<float>(comm, c);
-        if (t != got[static_cast<std::size_t>(comm.rank())]) throw std::runtime_error("tree differs from ring");
-      }, o);
-      for (int r = 0; r < n; ++r) {
-        if (!errors[static_cast<std::size_t>(r)].empty()) {
-          std::cerr << "redis " << prefix << ": rank " << r << ": " << errors[static_cast<std::size_t>(r)] << "\n";
-          rc = 1;
-          continue;
-        }
-        for (std::size_t e = 0; e < 1001; ++e)
-          if (got[static_cast<std::size_t>(r)][e] != dpt::reference<float>(dpkit::reduce_op::sum, n, e)) {
-            std::cerr << "redis " << prefix << ": rank " << r << " [" << e << "] wrong\n";
-            rc = 1;
-            break;
-          }
-      }
-    }
-    // The same prefix again: the keys exist, so the rendezvous fails with a
-    // dpkit::error that says so (never a hang, never a wrong peer).
-    auto o = local_options(3s);
-    o.prefix = "g0";
-    const auto errors = run_world(url, 2, [](dpkit::gloo_transport&) {}, o);
-    if (errors[0].empty() && errors[1].empty()) {
-      std::cerr << "redis: a rendezvous over stale keys succeeded\n";
-      rc = 1;
-    } else {
-      std::cout << "redis: stale keys: " << (errors[0].empty() ? errors[1] : errors[0]) << "\n";
-    }
-    if (rc == 0) std::cout << "redis: ring and tree all-reduce over " << url << " correct\n";
-  }
-  kill(pid, SIGTERM);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return rc;
-}
-
 TEST_CASE("gloo: store URLs") {
   using dpkit::detail::parse_gloo_store_url;
   auto f = parse_gloo_store_url("file:///tmp/x/y");
@@ -752,6 +670,142 @@ void check_rebuilt(const std::vector<member_view>& views, const std::vector<std:
     MESSAGE("id " << ids[i] << ": collective threw after " << v.failed_ms << " ms, rebuild took " << v.rebuild_ms
                   << " ms, generation " << v.generation << ", rank " << v.rank);
   }
+}
+
+int redis_main() {
+  const std::string server = find_redis_server();
+  if (server.empty()) {
+    std::cout << "redis-server not installed: skipped\n";
+    return 77;
+  }
+  // A port the kernel just handed out (bound, then released); another
+  // program can take it before redis-server binds it, so a server that
+  // exits at once is started again on another.
+  int port = 0;
+  pid_t pid = -1;
+  for (int attempt = 0; attempt < 5 && pid < 0; ++attempt) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      close(fd);
+      continue;
+    }
+    port = ntohs(a.sin_port);
+    close(fd);
+    std::vector<std::string> args = {server, "--port", std::to_string(port), "--bind", "127.0.0.1", "--save", "",
+                                     "--appendonly", "no", "--loglevel", "warning"};
+    std::vector<char*> argv;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t quiet; // the server's start-up banner is noise in the test log
+    posix_spawn_file_actions_init(&quiet);
+    posix_spawn_file_actions_addopen(&quiet, 1, "/dev/null", O_WRONLY, 0);
+    const int spawned = posix_spawn(&pid, server.c_str(), &quiet, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&quiet);
+    if (spawned != 0) {
+      std::cerr << "cannot start " << server << "\n";
+      return 1;
+    }
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (!port_open(port) && std::chrono::steady_clock::now() < until) {
+      int st = 0;
+      if (waitpid(pid, &st, WNOHANG) == pid) { // exited: the port was taken
+        pid = -1;
+        break;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    if (pid > 0 && !port_open(port)) {
+      kill(pid, SIGKILL);
+      int st = 0;
+      waitpid(pid, &st, 0);
+      std::cerr << "redis-server did not listen on port " << port << " within 10 s\n";
+      return 1;
+    }
+  }
+  if (pid < 0) {
+    std::cerr << "redis-server could not start on a free port (5 attempts)\n";
+    return 1;
+  }
+  int rc = 0;
+  {
+    const std::string url = "redis://127.0.0.1:" + std::to_string(port) + "/dpkit-test-" + std::to_string(getpid());
+    // Two groups through one job: the second under a new prefix (the keys
+    // of a rendezvous are written once).
+    for (const char* prefix : {"g0", "g1"}) {
+      auto o = local_options();
+      o.prefix = prefix;
+      const int n = 3;
+      std::vector<std::vector<float>> got(n);
+      const auto errors = run_world(url, n, [&](dpkit::gloo_transport& comm) {
+        config c{kind::ar_ring, 1001, dpkit::reduce_op::sum};
+        c.o.timeout = 20s;
+        got[static_cast<std::size_t>(comm.rank())] = run_allreduce<float>(comm, c);
+        c.k = kind::ar_tree;
+        const auto t = run_allreduce<float>(comm, c);
+        if (t != got[static_cast<std::size_t>(comm.rank())]) throw std::runtime_error("tree differs from ring");
+      }, o);
+      for (int r = 0; r < n; ++r) {
+        if (!errors[static_cast<std::size_t>(r)].empty()) {
+          std::cerr << "redis " << prefix << ": rank " << r << ": " << errors[static_cast<std::size_t>(r)] << "\n";
+          rc = 1;
+          continue;
+        }
+        for (std::size_t e = 0; e < 1001; ++e)
+          if (got[static_cast<std::size_t>(r)][e] != dpt::reference<float>(dpkit::reduce_op::sum, n, e)) {
+            std::cerr << "redis " << prefix << ": rank " << r << " [" << e << "] wrong\n";
+            rc = 1;
+            break;
+          }
+      }
+    }
+    // The same prefix again: the keys exist, so the rendezvous fails with a
+    // dpkit::error that says so (never a hang, never a wrong peer).
+    auto o = local_options(3s);
+    o.prefix = "g0";
+    const auto errors = run_world(url, 2, [](dpkit::gloo_transport&) {}, o);
+    if (errors[0].empty() && errors[1].empty()) {
+      std::cerr << "redis: a rendezvous over stale keys succeeded\n";
+      rc = 1;
+    } else {
+      std::cout << "redis: stale keys: " << (errors[0].empty() ? errors[1] : errors[0]) << "\n";
+    }
+    // Membership through Redis (SET NX decides each generation): three
+    // processes form generation 0, one leaves, the two others rebuild.
+    const std::string job2 = "redis://127.0.0.1:" + std::to_string(port) + "/dpkit-elastic-" + std::to_string(getpid());
+    const auto views = run_members({1, 2, 3}, [&](std::int64_t id, member_view& v) {
+      dpkit::elastic_group g(job2, id, elastic_test_options(3));
+      checked_allreduce(g);
+      if (id == 2) return;
+      try {
+        checked_allreduce(g);
+        throw std::runtime_error("the collective after id 2 left did not throw");
+      } catch (const dpkit::error& e) {
+        v.error = e.what();
+      }
+      g.rebuild();
+      record(g, v);
+      checked_allreduce(g);
+    });
+    for (std::size_t i = 0; i < 3; ++i) {
+      if (!views[i].fatal.empty()) {
+        std::cerr << "redis elastic: id " << i + 1 << ": " << views[i].fatal << "\n";
+        rc = 1;
+      } else if (i != 1 && (views[i].members != std::vector<std::int64_t>{1, 3} || views[i].generation < 1)) {
+        std::cerr << "redis elastic: id " << i + 1 << ": wrong generation after the rebuild\n";
+        rc = 1;
+      }
+    }
+    if (rc == 0) std::cout << "redis: ring and tree all-reduce over " << url << " correct; elastic rebuild correct\n";
+  }
+  kill(pid, SIGTERM);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return rc;
 }
 
 } // namespace
