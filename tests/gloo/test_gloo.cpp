@@ -673,6 +673,10 @@ void check_rebuilt(const std::vector<member_view>& views, const std::vector<std:
 }
 
 int redis_main() {
+  if (!DPKIT_GLOO_REDIS) {
+    std::cout << "this build has no Redis store (no hiredis headers, or Gloo without Redis): skipped\n";
+    return 77;
+  }
   const std::string server = find_redis_server();
   if (server.empty()) {
     std::cout << "redis-server not installed: skipped\n";
