@@ -545,7 +545,7 @@ dpkit::elastic_options elastic_test_options(int first_size) {
   o.transport.hostname = "127.0.0.1";
   o.heartbeat_interval = 20ms;
   o.dead_after = 300ms;
-  o.announce_wait = 2s;
+  o.announce_wait = 5s;
   o.connect_timeout = 2s;
   o.timeout = 20s;
   o.first_size = first_size;
@@ -657,10 +657,10 @@ void check_rebuilt(const std::vector<member_view>& views, const std::vector<std:
     CHECK(!v.error.empty());
     CHECK(v.failed_ms >= 0);
     CHECK(v.failed_ms < 5000); // the collective's deadline is 20 s
-    // The dead member is known dead by its heartbeat (300 ms), not waited
-    // for until announce_wait (2 s).
+    // The dead member is known dead by its heartbeat (300 ms; measured
+    // rebuilds take about 320 ms), not waited for until announce_wait (5 s).
     CHECK(v.rebuild_ms >= 0);
-    CHECK(v.rebuild_ms < 1500);
+    CHECK(v.rebuild_ms < 2500);
     CHECK(v.generation >= 1);
     if (gen == 0) gen = v.generation;
     CHECK(v.generation == gen); // one generation for all
