@@ -218,13 +218,14 @@ int worker(const std::string& url, int rank, int size, int die_rank) {
   }
 }
 
-// Starts this executable in worker mode for ranks 0..n-1; returns each exit
-// code (-1: killed after the 90 s limit, or not started).
-std::vector<int> run_processes(const std::string& url, int n, int die_rank) {
+// Starts this executable once per argument list (the arguments after the
+// program name); returns each exit code (-1: killed after the 90 s limit, or
+// not started).
+std::vector<int> spawn_all(const std::vector<std::vector<std::string>>& arg_lists) {
   std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    std::vector<std::string> args = {"/proc/self/exe", "--worker", url, std::to_string(r), std::to_string(n),
-                                     std::to_string(die_rank)};
+  for (const auto& list : arg_lists) {
+    std::vector<std::string> args = {"/proc/self/exe"};
+    args.insert(args.end(), list.begin(), list.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -232,7 +233,7 @@ std::vector<int> run_processes(const std::string& url, int n, int die_rank) {
     if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) pid = -1;
     pids.push_back(pid);
   }
-  std::vector<int> codes(static_cast<std::size_t>(n), -1);
+  std::vector<int> codes(pids.size(), -1);
   const auto until = std::chrono::steady_clock::now() + 90s;
   for (std::size_t i = 0; i < pids.size(); ++i) {
     if (pids[i] <= 0) continue;
@@ -252,6 +253,14 @@ std::vector<int> run_processes(const std::string& url, int n, int die_rank) {
     }
   }
   return codes;
+}
+
+// Starts this executable in worker mode for ranks 0..n-1.
+std::vector<int> run_processes(const std::string& url, int n, int die_rank) {
+  std::vector<std::vector<std::string>> lists;
+  for (int r = 0; r < n; ++r)
+    lists.push_back({"--worker", url, std::to_string(r), std::to_string(n), std::to_string(die_rank)});
+  return spawn_all(lists);
 }
 
 // ---- redis mode: the Redis store against a redis-server started here ----
@@ -812,6 +821,53 @@ int redis_main() {
   return rc;
 }
 
+// --elastic-worker URL ID N DIE_ID: one of N processes of an elastic group
+// (first_size N); all run checked all-reduces in a loop; process DIE_ID ends
+// itself with _exit(3) 300 ms after generation 0 formed, mid-collective (no
+// destructor runs: its connections are reset by the kernel and its
+// heartbeat stops). A survivor exits 0 once its collective threw a
+// dpkit::error within 5 s, it rebuilt into a generation of the N-1 others
+// with dense ranks by id and its all-reduces there are correct; 2 when the
+// failure took longer, 4 when nothing failed within 20 s, 5 on any other
+// error.
+int elastic_worker(const std::string& url, std::int64_t id, int n, std::int64_t die) {
+  try {
+    dpkit::elastic_group g(url, id, elastic_test_options(n));
+    if (g.size() != n) throw std::runtime_error("generation 0 has " + std::to_string(g.size()) + " members");
+    if (id == die)
+      std::thread([] {
+        std::this_thread::sleep_for(300ms);
+        std::_Exit(3);
+      }).detach();
+    const auto start = dpkit::clock::now();
+    for (;;) {
+      if (dpkit::clock::now() - start > 20s) return 4;
+      const auto t0 = dpkit::clock::now();
+      try {
+        checked_allreduce(g);
+      } catch (const dpkit::error& e) {
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(dpkit::clock::now() - t0).count();
+        if (ms >= 5000) return 2;
+        break;
+      }
+    }
+    g.rebuild();
+    std::vector<std::int64_t> want;
+    for (std::int64_t q = 0; q < n; ++q)
+      if (q != die) want.push_back(q);
+    if (g.members() != want) throw std::runtime_error("the rebuilt generation has other members");
+    if (g.rank() != static_cast<int>(std::find(want.begin(), want.end(), id) - want.begin()))
+      throw std::runtime_error("rank is not the id's position");
+    for (int k = 0; k < 3; ++k) checked_allreduce(g);
+    std::cerr << "elastic worker id " << id << ": generation " << g.generation() << ", rank " << g.rank() << " of "
+              << g.size() << "\n";
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "elastic worker id " << id << ": " << e.what() << "\n";
+    return 5;
+  }
+}
+
 } // namespace
 
 TEST_CASE("elastic: generation 0 ranks processes densely by id; the lowest id is rank 0") {
@@ -857,6 +913,20 @@ TEST_CASE("elastic: a member fails between collectives: the next collective thro
   temp_dir dir;
   const std::vector<std::int64_t> ids = {3, 5, 7, 10};
   check_rebuilt(fail_and_rebuild(dir, "between", ids, 10, false), ids, 10);
+}
+
+TEST_CASE("elastic: ranks as processes: one is killed mid-collective, the others rebuild") {
+  temp_dir dir;
+  const int n = 4;
+  const std::int64_t die = 1;
+  std::vector<std::vector<std::string>> lists;
+  for (int id = 0; id < n; ++id)
+    lists.push_back({"--elastic-worker", dir.url("procs"), std::to_string(id), std::to_string(n), std::to_string(die)});
+  const auto codes = spawn_all(lists);
+  for (int id = 0; id < n; ++id) {
+    CAPTURE(id);
+    CHECK(codes[static_cast<std::size_t>(id)] == (id == die ? 3 : 0));
+  }
 }
 
 TEST_CASE("elastic: a process joins a running group at a step boundary") {
@@ -939,6 +1009,10 @@ int main(int argc, char** argv) {
     return worker(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
   }
   if (argc >= 2 && std::string(argv[1]) == "--redis") return redis_main();
+  if (argc >= 2 && std::string(argv[1]) == "--elastic-worker") {
+    if (argc != 6) return 64;
+    return elastic_worker(argv[2], std::atoll(argv[3]), std::atoi(argv[4]), std::atoll(argv[5]));
+  }
   doctest::Context ctx(argc, argv);
   return ctx.run();
 }
