@@ -423,6 +423,42 @@ TEST_CASE("gloo: the other collectives, automatic all-reduce, barrier and async 
   }
 }
 
+TEST_CASE("gloo: split by color and key, as MPI_Comm_split") {
+  static_assert(dpkit::splittable_transport<dpkit::gloo_transport>);
+  static_assert(dpkit::checked_transport<dpkit::gloo_transport>);
+  static_assert(dpkit::async_transport<dpkit::gloo_transport>);
+  static_assert(dpkit::scratch_transport<dpkit::gloo_transport>);
+  temp_dir dir;
+  const int n = 5;
+  std::vector<int> sub_rank(n, -1), sub_size(n, -1);
+  std::vector<double> sums(n), parent_sum(n);
+  const auto errors = run_world(dir.url("split"), n, [&](dpkit::gloo_transport& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    // even ranks, odd ranks; keys reverse the order
+    auto sub = comm.split(comm.rank() % 2, -comm.rank(), 20s);
+    sub_rank[r] = sub.rank();
+    sub_size[r] = sub.size();
+    std::vector<double> v(100, double(comm.rank()));
+    dpkit::allreduce_ring(sub, v, dpkit::reduce_op::sum);
+    sums[r] = v[99];
+    std::vector<double> w(10, 1.0); // the parent still works beside its sub-group
+    dpkit::allreduce_tree(comm, w, dpkit::reduce_op::sum);
+    parent_sum[r] = w[9];
+    if (comm.rank() == 0) CHECK_THROWS_AS(comm.split(-1, 0), dpkit::invalid_argument);
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(errors[static_cast<std::size_t>(r)].empty());
+    const bool even = r % 2 == 0;
+    CHECK(sub_size[static_cast<std::size_t>(r)] == (even ? 3 : 2));
+    // ranks by key = -rank: even {4, 2, 0} -> 0, 1, 2; odd {3, 1} -> 0, 1
+    const int want = even ? (4 - r) / 2 : (3 - r) / 2;
+    CHECK(sub_rank[static_cast<std::size_t>(r)] == want);
+    CHECK(sums[static_cast<std::size_t>(r)] == (even ? 6.0 : 4.0));
+    CHECK(parent_sum[static_cast<std::size_t>(r)] == double(n));
+  }
+}
+
 TEST_CASE("gloo: a rank that never joins the collective: the others throw by the deadline, not hang") {
   // Rank 2 connects, then does not call the all-reduce until the others are
   // done. Without the deadline the others would wait in Gloo forever (its

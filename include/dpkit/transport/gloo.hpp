@@ -172,6 +172,8 @@ public:
     const std::string url = store->where();
     store_ = std::move(store);
     if (!o.prefix.empty()) prefix += "/" + o.prefix;
+    key_prefix_ = prefix;
+    options_ = o;
     prefixed_ = std::make_unique<::gloo::rendezvous::PrefixStore>(prefix, *store_);
 
     ::gloo::transport::tcp::attr attr;
@@ -211,6 +213,14 @@ public:
     }
     ctx_ = std::move(ctx);
   }
+
+  /// The store, the key prefix of this group's rendezvous and its options
+  /// (split() connects its sub-groups with them).
+  const std::shared_ptr<kv_store>& store() const noexcept { return store_; }
+  const std::string& key_prefix() const noexcept { return key_prefix_; }
+  const gloo_options& options() const noexcept { return options_; }
+  /// The number of this rank's earlier split() calls (then counts this one).
+  std::uint64_t next_split() noexcept { return splits_++; }
 
   std::string where() const {
     return "gloo_transport: rank " + std::to_string(rank_) + " of " + std::to_string(size_);
@@ -333,6 +343,9 @@ private:
   int rank_, size_;
   comm_health health_;
   std::shared_ptr<kv_store> store_;
+  std::string key_prefix_;
+  gloo_options options_;
+  std::uint64_t splits_ = 0;
   std::unique_ptr<::gloo::rendezvous::PrefixStore> prefixed_;
   std::shared_ptr<::gloo::transport::Device> device_;
   std::shared_ptr<::gloo::rendezvous::Context> ctx_;
@@ -419,7 +432,8 @@ private:
 };
 
 /// A group of ranks connected by Gloo's TCP transport (models
-/// dpkit::transport, checked_transport, scratch_transport, async_transport).
+/// dpkit::transport, checked_transport, scratch_transport, async_transport,
+/// splittable_transport).
 /// Every dpkit algorithm (ring, tree, dissemination barrier, the
 /// dispatchers' non-native choices) runs on it unchanged; it has no native
 /// collectives, no shared segment and no device memory.
@@ -507,6 +521,65 @@ public:
   /// (checked_transport).
   void report_failure(const std::string& what) {
     st_->fail("rank " + std::to_string(rank()) + " failed: " + what);
+  }
+
+  /// Splits the group as MPI_Comm_split (splittable_transport): a
+  /// collective call of every rank; the ranks that pass the same `color`
+  /// form a new gloo_transport (its own connections, so its messages never
+  /// meet this one's), ranked by (key, rank). The ranks exchange (color,
+  /// key) with point-to-point messages on reserved tag 3, then each color
+  /// meets through the same store under this group's key prefix +
+  /// "/split/<k>/<color>" (k: the split's number on this transport). The
+  /// result does not depend on this transport afterwards.
+  /// @param color >= 0.
+  /// @param timeout limit of the exchange and of the new group's rendezvous.
+  /// @throws dpkit::invalid_argument if color < 0; dpkit::timeout_error or
+  ///         dpkit::peer_error when a rank does not take part in time or
+  ///         fails (this transport is then failed); as the constructor.
+  gloo_transport split(int color, int key, std::chrono::milliseconds timeout = env_default_timeout()) {
+    if (color < 0)
+      throw invalid_argument("gloo_transport::split: rank " + std::to_string(rank()) + ": color must be >= 0, got " +
+                             std::to_string(color));
+    health().check("gloo_transport::split", rank());
+    const int n = size(), r = rank();
+    std::vector<std::int32_t> all(2 * static_cast<std::size_t>(n));
+    all[2 * static_cast<std::size_t>(r)] = color;
+    all[2 * static_cast<std::size_t>(r) + 1] = key;
+    const auto mine = std::as_bytes(std::span(all).subspan(2 * static_cast<std::size_t>(r), 2));
+    constexpr int split_tag = 3;
+    const deadline due = deadline_after(timeout);
+    {
+      std::vector<gloo_request> reqs;
+      for (int p = 0; p < n; ++p) {
+        if (p == r) continue;
+        reqs.push_back(isend(mine, p, split_tag));
+        reqs.push_back(irecv(std::as_writable_bytes(std::span(all).subspan(2 * static_cast<std::size_t>(p), 2)), p,
+                             split_tag));
+      }
+      const std::string ctx = "gloo_transport::split: rank " + std::to_string(r) + ": ";
+      try {
+        for (auto& q : reqs) q.wait(due);
+      } catch (const timeout_error& e) {
+        report_failure(ctx + e.what());
+        throw timeout_error(ctx + e.what());
+      } catch (const peer_error& e) {
+        report_failure(ctx + e.what());
+        throw peer_error(ctx + e.what());
+      }
+    }
+    std::vector<int> members;
+    for (int p = 0; p < n; ++p)
+      if (all[2 * static_cast<std::size_t>(p)] == color) members.push_back(p);
+    std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+      return all[2 * static_cast<std::size_t>(a) + 1] < all[2 * static_cast<std::size_t>(b) + 1];
+    });
+    const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+    gloo_options o = st_->options();
+    o.prefix.clear();
+    o.timeout = timeout;
+    const std::string prefix =
+        st_->key_prefix() + "/split/" + std::to_string(st_->next_split()) + "/" + std::to_string(color);
+    return gloo_transport(st_->store(), prefix, new_rank, static_cast<int>(members.size()), o);
   }
 
   /// This rank's communication thread (runs *_async collectives in order).
