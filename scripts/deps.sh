@@ -7,7 +7,8 @@ set -euo pipefail
 pkgs=(meson ninja-build pkg-config cmake g++ libopenmpi-dev openmpi-bin doctest-dev libcli11-dev libsimdjson-dev python3
       xz-utils libeigen3-dev clang-14 libclang-rt-14-dev   # corpus, Eigen (tests), clang for TSan and fuzzing
       libtorch-dev python3-torch libsentencepiece-dev      # the torch feature (DDP for libtorch)
-      python3-dev python3-venv python3-pip python3-mesonpy pybind11-dev python3-pytest python3-tqdm) # the Python package
+      python3-dev python3-venv python3-pip python3-mesonpy pybind11-dev python3-pytest python3-tqdm   # the Python package
+      libgloo-dev libhiredis-dev redis-server)             # the gloo feature; redis-server for its Redis test
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -141,9 +141,10 @@ struct config {
   }
 };
 
-// Runs one configuration on this rank; returns the whole output buffer.
-template <class T>
-std::vector<T> run_on_rank(dpkit::inproc& comm, const config& cfg) {
+// Runs one configuration on this rank of any transport (inproc here; the
+// Gloo suite runs the same configurations); returns the whole output buffer.
+template <class T, class C>
+std::vector<T> run_on_rank(C& comm, const config& cfg) {
   // A hang (deadlock) must fail the test, not stall it for the default 30 min.
   config c = cfg;
   c.o.timeout = std::min(c.o.timeout, std::chrono::milliseconds(60000));
@@ -264,6 +265,9 @@ inline bool replicated(kind k) {
          k == kind::broadcast;
 }
 
+template <class T>
+int check_results(int n, const std::vector<config>& cfgs, const std::vector<std::vector<std::vector<T>>>& got);
+
 // Runs all configurations on a world of n ranks (one world.run, every rank
 // executes the same sequence) and checks every result. Returns failures.
 template <class T>
@@ -283,6 +287,14 @@ int run_and_check(int n, const std::vector<config>& cfgs, std::size_t shm_bytes 
     FAIL_CHECK("n=" << n << ": collective threw: " << error);
     return 1;
   }
+  return check_results<T>(n, cfgs, got);
+}
+
+// Checks got[rank][config] (the outputs of run_on_rank on every rank of a
+// world of n) against the sequential reference and, where every rank must
+// hold the same bytes, against rank 0. Returns failures.
+template <class T>
+int check_results(int n, const std::vector<config>& cfgs, const std::vector<std::vector<std::vector<T>>>& got) {
   int failures = 0;
   for (std::size_t ci = 0; ci < cfgs.size(); ++ci) {
     const auto& c = cfgs[ci];

@@ -1,0 +1,615 @@
+/// @file gloo.hpp
+/// @brief The Gloo transport: ranks in any processes on any hosts, connected
+/// by Gloo's TCP pairs after a rendezvous through a store that a URL names
+/// (`file:///path` on one machine, `redis://host:port/job` across machines).
+/// Host memory. Unlike an MPI communicator it can be created again, by any
+/// set of processes, at any time: the foundation of elastic training
+/// (docs/elastic.md). Meson feature `gloo` (Debian libgloo-dev); never
+/// included by the umbrella header dpkit.hpp.
+///
+/// @code
+/// dpkit::gloo_transport comm("file:///tmp/job1", rank, world_size);
+/// dpkit::allreduce(comm, grads, dpkit::reduce_op::avg);
+/// @endcode
+///
+/// Point-to-point requests are Gloo unbound buffers sent and received on a
+/// slot (the dpkit tag): Gloo matches a pair's messages on one slot in posting
+/// order, as MPI matches a tag. Waits never call Gloo's own timed waits (a
+/// Gloo wait that times out closes every pair of its context): a pool of
+/// waiter threads owned by the transport blocks in Gloo's untimed wait, one
+/// per pending request, and a request's wait(deadline) waits for its waiter
+/// against the dpkit deadline. A broken connection (a peer that exited,
+/// crashed or closed its transport) fails the requests on it at once
+/// (peer_error naming the peer); any failure fails the whole transport and
+/// closes all its connections, so every peer's waits fail within
+/// milliseconds instead of at their deadline (docs/reliability.md).
+///
+/// The class is `gloo_transport`, not `gloo`: inside namespace dpkit a class
+/// `gloo` would hide Gloo's own namespace `::gloo`.
+#pragma once
+
+#include "../core/async.hpp"
+#include "../core/errors.hpp"
+#include "../core/options.hpp"
+#include "../core/tensor.hpp"
+#include "concept.hpp"
+#include "detail/gloo_store.hpp"
+#include "detail/health.hpp"
+#include "detail/scratch_arena.hpp"
+
+#include <gloo/common/error.h>
+#include <gloo/config.h>
+#include <gloo/context.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <signal.h> // sigaction
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace dpkit {
+
+/// How a gloo_transport connects (a regular aggregate).
+struct gloo_options {
+  /// Address this rank listens on and advertises to its peers (a host name
+  /// or an IP address, e.g. "127.0.0.1" for ranks on one machine). Empty:
+  /// the address of `iface`, else of this machine's host name (Gloo's rule).
+  std::string hostname;
+  /// Network interface to listen on (e.g. "eth0"); used when hostname is
+  /// empty. Empty: the environment variable GLOO_SOCKET_IFNAME (PyTorch's
+  /// name for it), else none.
+  std::string iface;
+  /// Namespace of this group's keys inside the store (a generation number,
+  /// a launch id): the keys of a rendezvous can be written once, so ranks
+  /// that meet again through the same store use a new prefix. Empty: none.
+  std::string prefix;
+  /// Limit of the rendezvous (waiting for the other ranks' addresses in the
+  /// store) and of connecting the pairs. Default: env_default_timeout()
+  /// (DPKIT_TIMEOUT seconds, else 30 minutes).
+  std::chrono::milliseconds timeout = env_default_timeout();
+  friend bool operator==(const gloo_options&, const gloo_options&) = default;
+};
+
+namespace detail {
+
+/// Gloo writes to sockets with writev, which raises SIGPIPE when the peer
+/// has gone; with the default action that kills the process instead of
+/// failing the send. Sets SIGPIPE to ignored (once per process) unless the
+/// program installed its own disposition.
+inline void gloo_ignore_sigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa{};
+    if (sigaction(SIGPIPE, nullptr, &sa) == 0 && sa.sa_handler == SIG_DFL) {
+      struct sigaction ign{};
+      ign.sa_handler = SIG_IGN;
+      sigemptyset(&ign.sa_mask);
+      sigaction(SIGPIPE, &ign, nullptr);
+    }
+  });
+}
+
+/// One pending send or receive: its Gloo buffer and its outcome.
+struct gloo_op {
+  enum state_t { pending, done, failed, aborted };
+  std::unique_ptr<::gloo::transport::UnboundBuffer> buf;
+  bool is_send = false;
+  int peer = -1;
+  int tag = 0;
+  std::size_t bytes = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  state_t state = pending;
+  std::string error; // failed: what Gloo said
+  void abort() {
+    if (is_send) buf->abortWaitSend();
+    else buf->abortWaitRecv();
+  }
+  std::string describe(int rank) const {
+    return "gloo_transport: rank " + std::to_string(rank) + ": " + (is_send ? "send to" : "receive from") +
+           " rank " + std::to_string(peer) + " (tag " + std::to_string(tag) + ", " + std::to_string(bytes) +
+           " bytes)";
+  }
+};
+
+/// What a gloo_transport and its requests share (a stable address): the
+/// store, the Gloo device and context, the health, the pending operations
+/// and the waiter threads.
+class gloo_state {
+public:
+  gloo_state(int rank, int size) : rank_(rank), size_(size) {}
+  gloo_state(const gloo_state&) = delete;
+  gloo_state& operator=(const gloo_state&) = delete;
+  /// Aborts what is still pending, joins the waiter threads, then closes
+  /// the connections (the context's pairs) and stops the device.
+  ~gloo_state() {
+    abort_pending();
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    ctx_.reset();
+    device_.reset();
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  comm_health& health() noexcept { return health_; }
+  ::gloo::Context& context() { return *ctx_; }
+
+  /// Connects to every other rank through the store (a collective call of
+  /// all `size` ranks).
+  void connect(const std::string& url, const gloo_options& o) {
+    std::string prefix;
+    auto store = open_kv_store(url, where(), o.timeout, prefix);
+    connect(std::move(store), prefix, o);
+  }
+  /// Connects through an open store, under `prefix` (+ "/" + o.prefix).
+  void connect(std::shared_ptr<kv_store> store, std::string prefix, const gloo_options& o) {
+    const std::string where = this->where();
+    const std::string url = store->where();
+    store_ = std::move(store);
+    if (!o.prefix.empty()) prefix += "/" + o.prefix;
+    key_prefix_ = prefix;
+    options_ = o;
+    prefixed_ = std::make_unique<::gloo::rendezvous::PrefixStore>(prefix, *store_);
+
+    ::gloo::transport::tcp::attr attr;
+    std::string iface = o.iface;
+    if (o.hostname.empty() && iface.empty())
+      if (const char* e = std::getenv("GLOO_SOCKET_IFNAME")) iface = e;
+    if (!o.hostname.empty()) attr.hostname = o.hostname;
+    else if (!iface.empty()) attr.iface = iface;
+    try {
+      device_ = ::gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      throw error(where + ": cannot open a TCP device on " +
+                  (!o.hostname.empty() ? "host '" + o.hostname + "'"
+                   : !iface.empty()    ? "interface '" + iface + "'"
+                                       : std::string("this machine's host name")) +
+                  ": " + e.what());
+    }
+    auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
+    ctx->setTimeout(o.timeout);
+    try {
+      ctx->connectFullMesh(*prefixed_, device_);
+    } catch (const timeout_error& e) {
+      throw timeout_error(where + ": the rendezvous (key prefix '" + prefix + "') did not complete within " +
+                          std::to_string(o.timeout.count()) + " ms: a rank did not arrive (" + e.what() + ")");
+    } catch (const ::gloo::IoException& e) {
+      const std::string what = e.what();
+      if (what.find("imeout") != std::string::npos)
+        throw timeout_error(where + ": the rendezvous through " + url + " (key prefix '" + prefix +
+                            "') did not complete within " + std::to_string(o.timeout.count()) +
+                            " ms: a rank did not arrive (" + what + ")");
+      throw error(where + ": connecting through " + url + " failed: " + what);
+    } catch (const error& e) { // the store's own (it names itself and the key)
+      throw error(where + ": " + e.what());
+    } catch (const std::exception& e) {
+      throw error(where + ": connecting through " + url + " (key prefix '" + prefix + "') failed: " + e.what() +
+                  " (keys of an earlier group with the same prefix? use a fresh directory, job or gloo_options::prefix)");
+    }
+    ctx_ = std::move(ctx);
+  }
+
+  /// The store, the key prefix of this group's rendezvous and its options
+  /// (split() connects its sub-groups with them).
+  const std::shared_ptr<kv_store>& store() const noexcept { return store_; }
+  const std::string& key_prefix() const noexcept { return key_prefix_; }
+  const gloo_options& options() const noexcept { return options_; }
+  /// The number of this rank's earlier split() calls (then counts this one).
+  std::uint64_t next_split() noexcept { return splits_++; }
+
+  std::string where() const {
+    return "gloo_transport: rank " + std::to_string(rank_) + " of " + std::to_string(size_);
+  }
+
+  /// Posts a send or receive of `bytes` at `data` with rank `peer` on slot
+  /// `tag` and hands it to a waiter thread.
+  /// @throws peer_error when the connection to peer is already broken
+  ///         (the transport is then failed).
+  std::shared_ptr<gloo_op> post(bool is_send, std::byte* data, std::size_t bytes, int peer, int tag) {
+    if (health_.failed())
+      throw peer_error("gloo_transport: rank " + std::to_string(rank_) + ": " + (is_send ? "send to" : "receive from") +
+                       " rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
+                       "): the transport failed earlier (first failure: " + health_.failure() + ")");
+    auto op = std::make_shared<gloo_op>();
+    op->is_send = is_send;
+    op->peer = peer;
+    op->tag = tag;
+    op->bytes = bytes;
+    const std::uint64_t slot = static_cast<std::uint32_t>(tag);
+    try {
+      op->buf = ctx_->createUnboundBuffer(data, bytes);
+      if (is_send) op->buf->send(peer, slot, 0, bytes);
+      else op->buf->recv(peer, slot, 0, bytes);
+    } catch (const std::exception& e) {
+      const std::string what = op->describe(rank_) + ": the connection to rank " + std::to_string(peer) +
+                               " is broken (" + e.what() + "): rank " + std::to_string(peer) +
+                               " failed, exited or closed its transport";
+      op->buf.reset();
+      fail(what);
+      throw peer_error(what);
+    }
+    {
+      std::lock_guard lk(mu_);
+      pending_.insert(op);
+      queue_.push_back(op);
+      if (idle_ >= queue_.size()) cv_.notify_one();
+      else threads_.emplace_back([this] { waiter(); });
+    }
+    // fail() sets the health before it aborts what is pending: an operation
+    // registered after that snapshot aborts itself.
+    if (health_.failed()) op->abort();
+    return op;
+  }
+
+  /// Fails the transport (the first failure is kept for its messages), ends
+  /// every pending wait (aborted), and closes every connection, so that the
+  /// peers' requests on them fail at once.
+  void fail(const std::string& what) {
+    health_.fail(what);
+    abort_pending();
+    if (!closed_.exchange(true) && ctx_) ctx_->closeConnections();
+  }
+
+  /// A request is destroyed before it completed: Gloo keeps its place in the
+  /// pair's queue (the pair cannot move past it), so the transport fails.
+  void abandon(gloo_op& op) {
+    bool pending;
+    {
+      std::lock_guard lk(op.mu);
+      pending = op.state == gloo_op::pending;
+    }
+    if (!pending) return;
+    fail(op.describe(rank_) + " was abandoned before it completed");
+    std::unique_lock lk(op.mu);
+    op.cv.wait(lk, [&] { return op.state != gloo_op::pending; });
+  }
+
+private:
+  void abort_pending() {
+    std::vector<std::shared_ptr<gloo_op>> ops;
+    {
+      std::lock_guard lk(mu_);
+      ops.assign(pending_.begin(), pending_.end());
+    }
+    for (auto& op : ops) op->abort();
+  }
+  // A waiter thread: takes the next posted operation and blocks in Gloo's
+  // wait until it completes, fails (its connection broke) or is aborted.
+  void waiter() {
+    for (;;) {
+      std::shared_ptr<gloo_op> op;
+      {
+        std::unique_lock lk(mu_);
+        ++idle_;
+        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        --idle_;
+        if (queue_.empty()) return;
+        op = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      // Gloo's timed wait closes the whole context when it expires, so the
+      // wait is untimed in effect (a year); the dpkit deadline is the
+      // request's.
+      constexpr auto forever = std::chrono::milliseconds(std::chrono::hours(24 * 365));
+      bool ok = false;
+      std::string err;
+      try {
+        ok = op->is_send ? op->buf->waitSend(nullptr, forever) : op->buf->waitRecv(nullptr, forever);
+      } catch (const std::exception& e) {
+        err = e.what();
+        if (err.empty()) err = "unknown Gloo error";
+      }
+      {
+        std::lock_guard lk(mu_);
+        pending_.erase(op);
+      }
+      {
+        std::lock_guard lk(op->mu);
+        op->state = !err.empty() ? gloo_op::failed : ok ? gloo_op::done : gloo_op::aborted;
+        op->error = err;
+      }
+      op->cv.notify_all();
+      if (!err.empty())
+        fail(op->describe(rank_) + " failed: the connection to rank " + std::to_string(op->peer) + " broke (" + err +
+             ")");
+    }
+  }
+
+  int rank_, size_;
+  comm_health health_;
+  std::shared_ptr<kv_store> store_;
+  std::string key_prefix_;
+  gloo_options options_;
+  std::uint64_t splits_ = 0;
+  std::unique_ptr<::gloo::rendezvous::PrefixStore> prefixed_;
+  std::shared_ptr<::gloo::transport::Device> device_;
+  std::shared_ptr<::gloo::rendezvous::Context> ctx_;
+  std::atomic<bool> closed_{false};
+  std::mutex mu_; // pending_, queue_, idle_, stop_, threads_
+  std::condition_variable cv_;
+  std::unordered_set<std::shared_ptr<gloo_op>> pending_;
+  std::deque<std::shared_ptr<gloo_op>> queue_;
+  std::size_t idle_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+} // namespace detail
+
+/// A pending gloo_transport send or receive (models dpkit::request). Must be
+/// completed or destroyed before its transport. Destroying an incomplete
+/// request withdraws it (its buffer is never touched afterwards) and fails
+/// the transport: Gloo cannot take a posted operation back out of its pair's
+/// queue.
+class gloo_request {
+public:
+  gloo_request() = default;
+  /// Internal: wraps a posted operation of transport state `st`.
+  gloo_request(std::shared_ptr<detail::gloo_op> op, detail::gloo_state* st) : op_(std::move(op)), st_(st) {}
+  gloo_request(gloo_request&& o) noexcept : op_(std::move(o.op_)), st_(o.st_) {}
+  gloo_request& operator=(gloo_request&& o) noexcept {
+    if (this != &o) {
+      release();
+      op_ = std::move(o.op_);
+      st_ = o.st_;
+    }
+    return *this;
+  }
+  ~gloo_request() { release(); }
+
+  /// Blocks until the operation completed.
+  /// @throws dpkit::timeout_error past deadline d (naming rank, peer, tag
+  ///         and bytes; the transport is then failed by the collective that
+  ///         waited); dpkit::peer_error when the connection to the peer
+  ///         broke (the peer exited, crashed or closed its transport) or the
+  ///         transport failed meanwhile (another request's peer, a timeout:
+  ///         the message names the first failure).
+  void wait(deadline d) {
+    if (!op_) return;
+    for (;;) {
+      {
+        std::unique_lock lk(op_->mu);
+        const auto until = std::min(d, clock::now() + std::chrono::milliseconds(10));
+        op_->cv.wait_until(lk, until, [&] { return op_->state != detail::gloo_op::pending; });
+        switch (op_->state) {
+        case detail::gloo_op::done: return;
+        case detail::gloo_op::failed:
+          throw peer_error(op_->describe(st_->rank()) + " failed: the connection to rank " +
+                           std::to_string(op_->peer) + " broke (" + op_->error + "): rank " +
+                           std::to_string(op_->peer) + " failed, exited or closed its transport");
+        case detail::gloo_op::aborted:
+          throw peer_error(op_->describe(st_->rank()) + " stopped: the transport failed (first failure: " +
+                           st_->health().failure() + ")");
+        case detail::gloo_op::pending: break;
+        }
+      }
+      if (clock::now() >= d)
+        throw timeout_error(op_->describe(st_->rank()) + " did not complete before its deadline");
+    }
+  }
+  /// True once the operation completed (or failed: wait() then throws).
+  bool test() const {
+    if (!op_) return true;
+    std::lock_guard lk(op_->mu);
+    return op_->state != detail::gloo_op::pending;
+  }
+  /// Payload bytes of this request.
+  std::size_t bytes() const noexcept { return op_ ? op_->bytes : 0; }
+
+private:
+  void release() noexcept {
+    if (!op_) return;
+    st_->abandon(*op_);
+    op_.reset();
+  }
+  std::shared_ptr<detail::gloo_op> op_;
+  detail::gloo_state* st_ = nullptr;
+};
+
+/// A group of ranks connected by Gloo's TCP transport (models
+/// dpkit::transport, checked_transport, scratch_transport, async_transport,
+/// splittable_transport).
+/// Every dpkit algorithm (ring, tree, dissemination barrier, the
+/// dispatchers' non-native choices) runs on it unchanged; it has no native
+/// collectives, no shared segment and no device memory.
+///
+/// Each of the `size` ranks, in any processes on any hosts that reach each
+/// other over TCP, constructs one with the same store URL and its own rank;
+/// the constructor returns once all of them are connected. Movable, not
+/// copyable; used by one thread at a time (plus its own communication
+/// thread). Recovery from any failure: a new gloo_transport on every live
+/// rank, under a new gloo_options::prefix.
+class gloo_transport {
+public:
+  /// Joins the group `store_url` names as rank `rank` of `size`: writes
+  /// this rank's addresses to the store, reads everyone else's, and connects
+  /// a TCP pair to each other rank (Gloo's full-mesh rendezvous).
+  /// @param store_url `file:///dir` (a directory on a file system every
+  ///        rank sees; created if missing) or `redis://host:port/job` (a
+  ///        Redis server; the job name namespaces the keys). The keys of one
+  ///        rendezvous are written once: ranks meeting again through the
+  ///        same store pass a new gloo_options::prefix.
+  /// @param rank this rank, in [0, size).
+  /// @param size number of ranks, >= 1.
+  /// @throws dpkit::invalid_argument for a bad URL (naming it), rank or size;
+  ///         dpkit::timeout_error when the other ranks do not all arrive
+  ///         within o.timeout; dpkit::error when the store or the
+  ///         network cannot be used (unreachable Redis server, stale keys of
+  ///         an earlier group under the same prefix, no such interface).
+  gloo_transport(const std::string& store_url, int rank, int size, const gloo_options& o = {})
+      : st_(make_state(&store_url, rank, size)), arena_(std::make_unique<detail::scratch_arena>()),
+        progress_(std::make_unique<progress_thread>()) {
+    detail::gloo_ignore_sigpipe();
+    st_->connect(store_url, o);
+  }
+  /// Joins a group through an open store (what dpkit::elastic_group uses to
+  /// share one store connection among its generations): the rendezvous keys
+  /// are under `key_prefix` (+ "/" + o.prefix). Otherwise as above.
+  gloo_transport(std::shared_ptr<detail::kv_store> store, const std::string& key_prefix, int rank, int size,
+                 const gloo_options& o = {})
+      : st_(make_state(nullptr, rank, size)),
+        arena_(std::make_unique<detail::scratch_arena>()), progress_(std::make_unique<progress_thread>()) {
+    detail::gloo_ignore_sigpipe();
+    st_->connect(std::move(store), key_prefix, o);
+  }
+  gloo_transport(gloo_transport&&) = default;
+  gloo_transport& operator=(gloo_transport&&) = default;
+  gloo_transport(const gloo_transport&) = delete;
+  gloo_transport& operator=(const gloo_transport&) = delete;
+  /// Finishes queued asynchronous collectives, then closes the connections
+  /// (peers still waiting on this rank get peer_error).
+  ~gloo_transport() = default;
+
+  /// This rank, in [0, size()).
+  int rank() const noexcept { return st_->rank(); }
+  /// Number of ranks.
+  int size() const noexcept { return st_->size(); }
+  /// Host memory only.
+  static constexpr bool accepts(memory_space s) noexcept { return s == memory_space::host; }
+
+  /// Starts sending `data` to rank `peer` with `tag`. The buffer must stay
+  /// valid and unchanged until the request completes.
+  /// @throws dpkit::invalid_argument if peer is out of range or this rank;
+  ///         dpkit::peer_error if the connection to peer is already broken.
+  gloo_request isend(std::span<const std::byte> data, int peer, int tag) {
+    check_peer(peer, "isend");
+    return {st_->post(true, const_cast<std::byte*>(data.data()), data.size(), peer, tag), st_.get()};
+  }
+  /// Starts receiving exactly data.size() bytes from rank `peer` with `tag`
+  /// (a receive longer than its send completes early with the send's bytes
+  /// and one shorter fails Gloo: matching lengths are the caller's
+  /// precondition, as on every dpkit transport).
+  /// @throws dpkit::invalid_argument if peer is out of range or this rank;
+  ///         dpkit::peer_error if the connection to peer is already broken.
+  gloo_request irecv(std::span<std::byte> data, int peer, int tag) {
+    check_peer(peer, "irecv");
+    return {st_->post(false, data.data(), data.size(), peer, tag), st_.get()};
+  }
+
+  /// Collective health (checked_transport): sequence numbers, current
+  /// fingerprint, first failure. Messages carry checked tags, so a peer
+  /// running another collective never matches them (the wait ends at the
+  /// deadline, or earlier when a peer fails).
+  detail::comm_health& health() noexcept { return st_->health(); }
+  /// Fails this transport and closes its connections: every peer's pending
+  /// and later requests with this rank throw peer_error within milliseconds
+  /// (checked_transport).
+  void report_failure(const std::string& what) {
+    st_->fail("rank " + std::to_string(rank()) + " failed: " + what);
+  }
+
+  /// Splits the group as MPI_Comm_split (splittable_transport): a
+  /// collective call of every rank; the ranks that pass the same `color`
+  /// form a new gloo_transport (its own connections, so its messages never
+  /// meet this one's), ranked by (key, rank). The ranks exchange (color,
+  /// key) with point-to-point messages on reserved tag 3, then each color
+  /// meets through the same store under this group's key prefix +
+  /// "/split/<k>/<color>" (k: the split's number on this transport). The
+  /// result does not depend on this transport afterwards.
+  /// @param color >= 0.
+  /// @param timeout limit of the exchange and of the new group's rendezvous.
+  /// @throws dpkit::invalid_argument if color < 0; dpkit::timeout_error or
+  ///         dpkit::peer_error when a rank does not take part in time or
+  ///         fails (this transport is then failed); as the constructor.
+  gloo_transport split(int color, int key, std::chrono::milliseconds timeout = env_default_timeout()) {
+    if (color < 0)
+      throw invalid_argument("gloo_transport::split: rank " + std::to_string(rank()) + ": color must be >= 0, got " +
+                             std::to_string(color));
+    health().check("gloo_transport::split", rank());
+    const int n = size(), r = rank();
+    std::vector<std::int32_t> all(2 * static_cast<std::size_t>(n));
+    all[2 * static_cast<std::size_t>(r)] = color;
+    all[2 * static_cast<std::size_t>(r) + 1] = key;
+    const auto mine = std::as_bytes(std::span(all).subspan(2 * static_cast<std::size_t>(r), 2));
+    constexpr int split_tag = 3;
+    const deadline due = deadline_after(timeout);
+    {
+      std::vector<gloo_request> reqs;
+      for (int p = 0; p < n; ++p) {
+        if (p == r) continue;
+        reqs.push_back(isend(mine, p, split_tag));
+        reqs.push_back(irecv(std::as_writable_bytes(std::span(all).subspan(2 * static_cast<std::size_t>(p), 2)), p,
+                             split_tag));
+      }
+      const std::string ctx = "gloo_transport::split: rank " + std::to_string(r) + ": ";
+      try {
+        for (auto& q : reqs) q.wait(due);
+      } catch (const timeout_error& e) {
+        report_failure(ctx + e.what());
+        throw timeout_error(ctx + e.what());
+      } catch (const peer_error& e) {
+        report_failure(ctx + e.what());
+        throw peer_error(ctx + e.what());
+      }
+    }
+    std::vector<int> members;
+    for (int p = 0; p < n; ++p)
+      if (all[2 * static_cast<std::size_t>(p)] == color) members.push_back(p);
+    std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+      return all[2 * static_cast<std::size_t>(a) + 1] < all[2 * static_cast<std::size_t>(b) + 1];
+    });
+    const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+    gloo_options o = st_->options();
+    o.prefix.clear();
+    o.timeout = timeout;
+    const std::string prefix =
+        st_->key_prefix() + "/split/" + std::to_string(st_->next_split()) + "/" + std::to_string(color);
+    return gloo_transport(st_->store(), prefix, new_rank, static_cast<int>(members.size()), o);
+  }
+
+  /// This rank's communication thread (runs *_async collectives in order).
+  progress_thread& progress() { return *progress_; }
+  /// Host scratch reused by this rank's collectives (internal).
+  detail::scratch_arena& scratch() { return *arena_; }
+
+private:
+  // Checks rank, size and (when given) the URL before anything is opened.
+  static std::unique_ptr<detail::gloo_state> make_state(const std::string* url, int rank, int size) {
+    if (size < 1) throw invalid_argument("gloo_transport: world size must be >= 1, got " + std::to_string(size));
+    if (rank < 0 || rank >= size)
+      throw invalid_argument("gloo_transport: rank " + std::to_string(rank) + " out of range for world size " +
+                             std::to_string(size));
+    if (url) (void)detail::parse_gloo_store_url(*url); // a bad URL is an invalid_argument before anything else
+    return std::make_unique<detail::gloo_state>(rank, size);
+  }
+  void check_peer(int peer, const char* what) const {
+    if (peer < 0 || peer >= size() || peer == rank())
+      throw invalid_argument(std::string("gloo_transport::") + what + ": rank " + std::to_string(rank()) +
+                             ": peer rank " + std::to_string(peer) +
+                             (peer == rank() ? " is this rank (Gloo has no pair to itself)"
+                                             : " out of range for world size " + std::to_string(size())));
+  }
+
+  // Destroyed in reverse: the communication thread first (its collectives
+  // use the state), then the arena, then the state (waiters, connections).
+  std::unique_ptr<detail::gloo_state> st_;
+  std::unique_ptr<detail::scratch_arena> arena_;
+  std::unique_ptr<progress_thread> progress_;
+};
+
+} // namespace dpkit
