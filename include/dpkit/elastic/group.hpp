@@ -78,6 +78,15 @@ struct elastic_options {
   /// launched as N processes passes N, so that they start together. Values
   /// below min_size count as min_size.
   int first_size = 1;
+  /// Quorum: a generation after the first forms only with a strict majority
+  /// of the previous generation's members (more than half of them take
+  /// part; joiners do not count). A network partition then leaves at most
+  /// one side training: the minority's rebuild waits and throws
+  /// timeout_error saying why, instead of going on apart (split brain). The
+  /// same stops a group that lost half or more of its members at once
+  /// (as etcd's and ZooKeeper's quorums). false: any min_size live
+  /// processes go on.
+  bool majority = true;
   friend bool operator==(const elastic_options&, const elastic_options&) = default;
 };
 
@@ -155,7 +164,9 @@ public:
   /// members are whoever takes part within announce_wait (dead members, by
   /// heartbeat, are not waited for). The current transport is closed first.
   /// @throws dpkit::timeout_error when no generation with this process forms
-  ///         within timeout (e.g. fewer than min_size processes are alive);
+  ///         within timeout (e.g. fewer than min_size processes are alive,
+  ///         or, with elastic_options::majority, at most half of the current
+  ///         members take part: the minority side of a partition);
   ///         dpkit::error when the store cannot be used.
   void rebuild() {
     comm_.reset();
@@ -235,6 +246,7 @@ private:
   // process has watched it (first sight counts as a change).
   bool alive(std::int64_t q) {
     if (q == id_) return true;
+    const std::lock_guard lk(alive_mu_); // also called by the transport's waits (any thread)
     const auto now = clock::now();
     auto v = store_->try_get(key("hb/" + std::to_string(q)));
     std::string s = v ? std::string(v->begin(), v->end()) : std::string("none");
@@ -289,6 +301,8 @@ private:
       if (t > 0 && (prev.empty() || gen_ + 1 != t))
         if (auto m = store_->try_get(gkey(t - 1, "members"))) prev = parse_ids(gkey(t - 1, "members"), *m);
       store_->create(gkey(t, "alive/" + std::to_string(id_)), {});
+      std::vector<std::int64_t> sorted_prev = prev;
+      std::sort(sorted_prev.begin(), sorted_prev.end());
       const auto start = clock::now();
       std::vector<std::int64_t> decided;
       for (;;) {
@@ -310,15 +324,27 @@ private:
           }
         }
         const int need = t == 0 ? std::max(o_.min_size, o_.first_size) : o_.min_size;
-        const bool enough = static_cast<int>(announced.size()) >= need;
+        // the quorum: a strict majority of the generation before
+        std::size_t from_prev = 0;
+        for (auto q : announced) from_prev += std::binary_search(sorted_prev.begin(), sorted_prev.end(), q) ? 1 : 0;
+        const std::size_t quorum = t > 0 && o_.majority && !sorted_prev.empty() ? sorted_prev.size() / 2 + 1 : 0;
+        const bool enough = static_cast<int>(announced.size()) >= need && from_prev >= quorum;
         if (enough && (!waiting || clock::now() - start >= o_.announce_wait)) {
           store_->create(gkey(t, "members"), text(join_ids(announced))); // the first proposal wins
           continue;                                                       // read the winner
         }
-        if (clock::now() >= due)
+        if (clock::now() >= due) {
+          if (from_prev < quorum)
+            throw timeout_error(who + ": generation " + std::to_string(t) + " did not form within " +
+                                std::to_string(o_.timeout.count()) + " ms: " + std::to_string(from_prev) + " of the " +
+                                std::to_string(sorted_prev.size()) + " members of generation " + std::to_string(t - 1) +
+                                " take part, a majority (" + std::to_string(quorum) +
+                                ") is needed; this side of a network partition (or what is left after losing half "
+                                "the group) does not train, so that two sides never train apart");
           throw timeout_error(who + ": generation " + std::to_string(t) + " did not form within " +
                               std::to_string(o_.timeout.count()) + " ms (" + std::to_string(announced.size()) +
                               " live processes take part, " + std::to_string(need) + " needed)");
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
       const auto it = std::find(decided.begin(), decided.end(), id_);
@@ -338,6 +364,10 @@ private:
                               " ms (the last, " + std::to_string(t) + ", failed)");
         continue;
       }
+      // A member that dies while a survivor's only pending operation is a
+      // send to it: the heartbeats end that wait (after dead_after).
+      comm_->set_peer_check([this, ids = decided](int r) { return alive(ids[static_cast<std::size_t>(r)]); }, o_.dead_after,
+                            o_.heartbeat_interval);
       gen_ = t;
       rank_ = rank;
       members_ = std::move(decided);
@@ -358,6 +388,7 @@ private:
   std::size_t queue_seen_ = 0;
   std::map<std::int64_t, std::pair<std::string, clock::time_point>> seen_; // heartbeat value, when it changed
   std::uint64_t beats_ = 0;
+  std::mutex alive_mu_; // seen_
   std::mutex hb_mu_;
   std::condition_variable hb_cv_;
   bool stop_ = false;

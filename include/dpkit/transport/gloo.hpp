@@ -56,6 +56,7 @@
 #include <cstdlib>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -266,6 +267,37 @@ public:
     return op;
   }
 
+  /// Installs the peer check of gloo_transport::set_peer_check.
+  void set_peer_check(std::function<bool(int)> alive, std::chrono::milliseconds after, std::chrono::milliseconds every) {
+    std::lock_guard lk(check_mu_);
+    peer_check_ = std::move(alive);
+    check_after_ = after;
+    check_every_ = every;
+    last_check_.assign(static_cast<std::size_t>(size_), clock::time_point{});
+  }
+
+  /// Called by a wait that has lasted `waited`: true when the peer check
+  /// says `peer` is dead (checked at most every check_every_ per peer, once
+  /// the wait lasted check_after_); the transport is then failed, which
+  /// ends every pending wait.
+  bool peer_dead(int peer, clock::duration waited) {
+    std::function<bool(int)> alive;
+    {
+      std::lock_guard lk(check_mu_);
+      if (!peer_check_ || waited < check_after_) return false;
+      const auto now = clock::now();
+      auto& last = last_check_[static_cast<std::size_t>(peer)];
+      if (now - last < check_every_) return false;
+      last = now;
+      alive = peer_check_;
+    }
+    if (alive(peer)) return false;
+    fail(where() + ": rank " + std::to_string(peer) + " is dead (the peer check: its heartbeat stopped for " +
+         std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(check_after_).count()) +
+         " ms): it failed, hangs, or is cut off by the network");
+    return true;
+  }
+
   /// Fails the transport (the first failure is kept for its messages), ends
   /// every pending wait (aborted), and closes every connection, so that the
   /// peers' requests on them fail at once.
@@ -357,6 +389,10 @@ private:
   std::size_t idle_ = 0;
   bool stop_ = false;
   std::vector<std::thread> threads_;
+  std::mutex check_mu_; // the peer check's members
+  std::function<bool(int)> peer_check_;
+  std::chrono::milliseconds check_after_{0}, check_every_{0};
+  std::vector<clock::time_point> last_check_;
 };
 
 } // namespace detail
@@ -391,6 +427,7 @@ public:
   ///         the message names the first failure).
   void wait(deadline d) {
     if (!op_) return;
+    const auto start = clock::now();
     for (;;) {
       {
         std::unique_lock lk(op_->mu);
@@ -410,6 +447,12 @@ public:
       }
       if (clock::now() >= d)
         throw timeout_error(op_->describe(st_->rank()) + " did not complete before its deadline");
+      // Gloo reports a broken connection only to the operations pending on
+      // it, and only once the pair reads from it: a send to a peer that died
+      // (a tree all-reduce sending up to a dead parent) can stay pending
+      // until the deadline. The peer check (an elastic group's heartbeats)
+      // ends it sooner: the transport fails and this op is aborted.
+      st_->peer_dead(op_->peer, clock::now() - start);
     }
   }
   /// True once the operation completed (or failed: wait() then throws).
@@ -484,6 +527,20 @@ public:
   /// Finishes queued asynchronous collectives, then closes the connections
   /// (peers still waiting on this rank get peer_error).
   ~gloo_transport() = default;
+
+  /// Installs a peer check: `alive(peer)` (peer a rank of this transport)
+  /// is called by a wait that has lasted `after`, at most every `every` per
+  /// peer, and when it returns false the transport fails (peer_error on
+  /// every pending and later request, naming the peer). It finds a dead
+  /// peer that Gloo's connections do not report, e.g. while this rank's only
+  /// pending operation is a send to it. elastic_group installs its heartbeat
+  /// check. `alive` may be called from any thread that waits (the
+  /// communication thread too): it must be thread-safe. An empty function
+  /// removes the check.
+  void set_peer_check(std::function<bool(int peer)> alive, std::chrono::milliseconds after,
+                      std::chrono::milliseconds every) {
+    st_->set_peer_check(std::move(alive), after, every);
+  }
 
   /// This rank, in [0, size()).
   int rank() const noexcept { return st_->rank(); }
