@@ -16,6 +16,8 @@ checked against an independent account:
 - over the steps that count, every sample id 0..N-1 of the epoch (N =
   --limit-samples: the sampler keeps every sample under the truncate policy)
   was trained exactly once;
+- a joiner whose id is the lowest (rank 0 without a state) gets the state
+  from a member that has one;
 - survivors apply a step within seconds of each failure, and the survivors
   finish the epoch with equal parameters.
 
@@ -101,7 +103,9 @@ def main():
         sys.exit("FAIL: " + msg)
 
     def applied_after(recs, t0):
-        return any(r[1] == "A" and float(r[0]) > t0 for r in recs)
+        # a step applied in a generation healed after t0
+        healed = min((float(r[0]) for r in recs if r[1] == "J" and float(r[0]) > t0), default=None)
+        return healed is not None and any(r[1] == "A" and float(r[0]) > healed for r in recs)
 
     def inject(i, where):
         with open(os.path.join(control, "fail.%d" % i), "w") as f:
@@ -112,7 +116,9 @@ def main():
 
     # Generation 0: ids 1, 2, 3. Failures: during a collective (2), during a
     # join (5), before a collective (3), after one, the master (1); joiners 4
-    # and 6 must receive the state.
+    # and 0 must receive the state. Id 0 joins last with the lowest id: it is
+    # rank 0 of its generation without a state, so the state must come from
+    # rank 1.
     for i in (1, 2, 3):
         start(i)
     wait_for("two steps of generation 0", lambda rs: sum(1 for r in rs if r[1] == "A" and r[2] == "0") >= 6)
@@ -127,10 +133,10 @@ def main():
     wait_for("a step applied after id 5 failed", lambda rs: applied_after(rs, t5))
     inject(3, "before")
     inject(1, "after")
-    start(6)
-    wait_for("id 6 to join", lambda rs: any(r[1] == "J" and r[3] == "6" for r in rs))
+    start(0)
+    wait_for("id 0 to join", lambda rs: any(r[1] == "J" and r[3] == "0" for r in rs))
     os.remove(os.path.join(control, "pace"))
-    for i in (4, 6):
+    for i in (4, 0):
         try:
             procs[i].wait(timeout=max(1.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
@@ -221,13 +227,16 @@ def check(recs, fail):
     if wheres != ["after", "before", "during", "join"]:
         fail("injected failures %s" % wheres)
     for r in F:
+        # the first step applied in a generation healed after the failure
         t = float(r[0])
-        nxt = min((float(a[0]) for a in A if float(a[0]) > t), default=None)
+        healed = min((float(j[0]) for j in J if float(j[0]) > t), default=None)
+        nxt = None if healed is None else min((float(a[0]) for a in A if float(a[0]) > healed), default=None)
         if nxt is None or nxt - t > 20:
             fail("no step applied within 20 s of id %s failing (%s)" % (r[2], r[3]))
-        print("id %s failed (%s, step %s): next step applied %.2f s later" % (r[2], r[3], r[4], nxt - t))
+        print("id %s failed (%s, step %s): healed %.2f s later, next step applied %.2f s later" %
+              (r[2], r[3], r[4], healed - t, nxt - t))
     # Joiners got the state and their position.
-    for ident in (4, 6):
+    for ident in (4, 0):
         if not any(ident in h["ids"] for h in heal.values()):
             fail("id %s never healed" % ident)
     # The survivors end equal.
