@@ -149,6 +149,19 @@ def main():
             fail("id %d exited with %d, expected its injected _exit(3)" % (i, procs[i].returncode))
 
     check(read_logs(), fail)
+
+    # A process that arrives when every process holding the state is gone
+    # forms a generation alone and cannot be healed: it must fail with an
+    # error that says so, not rebuild forever.
+    start(9)
+    try:
+        procs[9].wait(timeout=max(15.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        fail("id 9 (no member holds the state) did not end")
+    out9 = open(os.path.join(wd, "out.9.txt")).read()
+    if procs[9].returncode != 1 or "no member holds the training state" not in out9:
+        fail("id 9 exited with %d: %s" % (procs[9].returncode, out9))
+    print("a process alone without the state: exit 1, '%s'" % out9.strip().splitlines()[-1])
     print("PASS")
 
 

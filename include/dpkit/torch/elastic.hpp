@@ -184,8 +184,9 @@ public:
   /// collective of the generation's members.
   /// @throws dpkit::invalid_argument for admit_every < 1;
   ///         dpkit::error when no member holds a state (every process that
-  ///         had one is gone); as elastic_group::rebuild() (a heal that
-  ///         fails rebuilds and heals again).
+  ///         had one is gone); dpkit::format_error when the broadcast state
+  ///         does not fit the module or optimizer; as elastic_group::rebuild()
+  ///         (a heal that fails otherwise rebuilds and heals again).
   elastic_ddp(elastic_group& group, std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& opt,
               elastic_ddp_options o = {})
       : group_(group), module_(std::move(module)), opt_(opt), o_(std::move(o)), has_state_(group.generation() == 0) {
@@ -261,7 +262,10 @@ private:
         return;
       } catch (const invalid_argument&) {
         throw;
+      } catch (const format_error&) {
+        throw; // a state that does not fit: rebuilding cannot help
       } catch (const error&) {
+        if (no_state_) throw; // nobody can heal this group: another generation would not either
         ddp_.reset();
         group_.rebuild();
       }
@@ -273,7 +277,8 @@ private:
     const int rank = group_.rank();
     std::int32_t src = has_state_ ? rank : INT32_MAX;
     allreduce_ring(comm, std::span<std::int32_t>(&src, 1), reduce_op::min, o_.collective);
-    if (src == INT32_MAX)
+    no_state_ = src == INT32_MAX;
+    if (no_state_)
       throw error("elastic_ddp: id " + std::to_string(group_.id()) + ", generation " +
                   std::to_string(group_.generation()) + ": no member holds the training state (every process that "
                   "had one is gone)");
@@ -296,6 +301,7 @@ private:
   torch::optim::Optimizer& opt_;
   elastic_ddp_options o_;
   bool has_state_;
+  bool no_state_ = false;
   elastic_progress p_{};
   elastic_heal heal_{};
   std::unique_ptr<distributed_data_parallel<gloo_transport>> ddp_;
