@@ -7,6 +7,8 @@
 //   mpirun -np 2 build/examples/torch_lm --steps 100 --checkpoint ckpt.pt --checkpoint-every 50
 //   mpirun -np 2 build/examples/torch_lm --steps 200 --resume ckpt.pt
 //   scripts/cluster.sh run -np 4 build/examples/torch_lm --steps 100 --inter-node-every 4   # two-speed sync, 2 nodes
+//   build/examples/torch_lm --elastic file:///tmp/job --id 1 --first-size 2 & build/examples/torch_lm --elastic file:///tmp/job --id 2
+//                          # elastic: no mpirun; processes fail and join at will (docs/elastic.md)
 //
 // Data: dpkit's JSONL index of build/data/debian-descriptions.jsonl with its
 // num_tokens column (built on first use next to the corpus) feeds dpkit's

@@ -219,8 +219,9 @@ public:
   /// updates the model (optimizer step, clipping); progress advances (step
   /// + 1, offset + world size) and every admit_every steps admit_joiners()
   /// runs. Returns true when the step was applied here, false when it was
-  /// discarded: a dpkit::error from a collective (peer_error, timeout_error,
-  /// communicator_error, ...) in compute() or finish() drops this
+  /// discarded: a dpkit::error in compute() or finish() (from a collective:
+  /// peer_error, timeout_error, communicator_error, ...; compute must not
+  /// throw dpkit::error for reasons a rebuild cannot fix) drops this
   /// generation's DDP, rebuilds the group and heals it (a step applied here
   /// but not at the heal's source is overwritten by the heal). A failing
   /// admit_joiners() rebuilds and heals the same way (true is returned:
