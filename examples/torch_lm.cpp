@@ -7,6 +7,8 @@
 //   mpirun -np 2 build/examples/torch_lm --steps 100 --checkpoint ckpt.pt --checkpoint-every 50
 //   mpirun -np 2 build/examples/torch_lm --steps 200 --resume ckpt.pt
 //   scripts/cluster.sh run -np 4 build/examples/torch_lm --steps 100 --inter-node-every 4   # two-speed sync, 2 nodes
+//   build/examples/torch_lm --elastic file:///tmp/job --id 1 --first-size 2 & build/examples/torch_lm --elastic file:///tmp/job --id 2
+//                          # elastic: no mpirun; processes fail and join at will (docs/elastic.md)
 //
 // Data: dpkit's JSONL index of build/data/debian-descriptions.jsonl with its
 // num_tokens column (built on first use next to the corpus) feeds dpkit's
@@ -43,6 +45,9 @@
 #include <dpkit/torch/distributed_data_parallel.hpp>
 #include <dpkit/torch/threads.hpp>
 #include <dpkit/transport/mpi.hpp>
+#ifdef TORCH_LM_ELASTIC
+#include <dpkit/torch/elastic.hpp>
+#endif
 
 #include "torch_lm_model.hpp"
 
@@ -53,6 +58,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -64,7 +70,9 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -87,6 +95,13 @@ struct args {
   int as_rank = 0, log_every = 1;
   int threads = 0; // intra-op threads per rank; 0: sized to the rank's CPUs
   int inter_node_every = 1; // two-speed sync: parameters averaged across nodes every k steps
+  // --elastic mode (no MPI): an elastic group through a store URL
+  std::string elastic, sample_log, control;
+  std::int64_t id = -1;
+  int first_size = 1, admit_every = 1;
+  std::int64_t limit_samples = 0; // 0: the whole corpus
+  std::uint64_t epochs = 1;
+  int heartbeat_ms = 500, dead_after_ms = 5000;
 };
 
 using clk = std::chrono::steady_clock;
@@ -178,6 +193,30 @@ void write_atomically(const std::string& path, F&& f) {
 // a batch file.
 class batch_source {
 public:
+  /// Elastic mode: the corpus and tokenizer only (the caller owns the
+  /// sampler, re-derived after every heal). The index is opened (built when
+  /// missing or stale) under an flock of <corpus>.lock: processes start
+  /// independently, without a barrier.
+  explicit batch_source(const args& a) : a_(a) {
+    spm_.emplace(a.spm);
+    dpkit::jsonl_index_open_options open;
+    open.rebuild_if_stale = true;
+    open.build.length_column = dpkit::json_length_column("num_tokens");
+    const std::string lock = a.corpus + ".lock";
+    const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) throw dpkit::error("cannot lock " + lock);
+    try {
+      index_.emplace(dpkit::jsonl_index::open(a.corpus, open));
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+    if (!index_->has_lengths()) throw dpkit::error(a.corpus + ": index has no num_tokens column");
+  }
+  /// The index's num_tokens column.
+  std::span<const std::uint32_t> lengths() const { return index_->lengths(); }
+
   batch_source(const args& a, int world, int rank) : a_(a) {
     if (!a.batches.empty()) {
       file_ = torch_lm::read_batches(a.batches + "/batches.rank" + std::to_string(rank) + ".bin");
@@ -212,7 +251,11 @@ public:
     const auto per_epoch = static_cast<std::int64_t>(sampler_->num_batches());
     const auto epoch = static_cast<std::uint64_t>(step / per_epoch);
     if (epoch != sampler_->epoch()) sampler_->set_epoch(epoch);
-    const auto idx = sampler_->batch(static_cast<std::uint64_t>(step % per_epoch));
+    return rows_of(sampler_->batch(static_cast<std::uint64_t>(step % per_epoch)));
+  }
+
+  /// Rows [B, L] int32 of the corpus lines `idx` (-1 pads).
+  torch::Tensor rows_of(const std::vector<std::uint64_t>& idx) {
     std::vector<std::vector<int>> rows;
     std::size_t longest = 0;
     const std::size_t limit = static_cast<std::size_t>(a_.max_len) - 1;
@@ -490,6 +533,198 @@ int run(const args& a) {
   return 0;
 }
 
+#ifdef TORCH_LM_ELASTIC
+// ---- --elastic: training over a dpkit::elastic_group, healed after every
+// (re)formation (dpkit/torch/elastic.hpp). Logs (--sample-log DIR, one file
+// per process, DIR/id<N>.log, each line written with one write(2) before
+// the step's collective, so a process that ends abruptly has logged what
+// it contributed), with the wall time (s) first:
+//   T J gen id rank world step epoch offset checksum source members   after a heal
+//   T S gen step epoch position rank pad id...                        before a step
+//   T A gen step epoch offset checksum                                step applied here
+//   T F id where step                                                 a fault injected (--control)
+//   T D id step epoch checksum                                        finished
+// The checksum is dpkit::module_checksum (FNV-1a of the parameters' and
+// buffers' bytes). scripts/torch_elastic_check.py reads them back.
+
+class line_log {
+public:
+  explicit line_log(const std::string& path) {
+    if (path.empty()) return;
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd_ < 0) throw dpkit::error("cannot write " + path);
+  }
+  ~line_log() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  line_log(const line_log&) = delete;
+  line_log& operator=(const line_log&) = delete;
+  void put(const std::string& body) {
+    if (fd_ < 0) return;
+    char t[32];
+    std::snprintf(t, sizeof t, "%.3f ",
+                  std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+    const std::string line = t + body + "\n";
+    if (::write(fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+      throw dpkit::error("short write to the sample log");
+  }
+
+private:
+  int fd_ = -1;
+};
+
+// Fault injection for the elastic test (--control DIR): DIR/fail.<id> names
+// where this process ends itself with _exit (no destructor runs, the kernel
+// resets its connections): "join" (right after its group constructor
+// returns, before the state broadcast), "before" (at the next step, before
+// forward), "during" (after backward started the buckets' all-reduces,
+// before finish), "after" (after the next step was applied, before
+// admit_joiners); while DIR/pace exists each step sleeps 100 ms.
+std::string control_fault(const args& a) {
+  if (a.control.empty()) return {};
+  std::ifstream f(a.control + "/fail." + std::to_string(a.id));
+  std::string w;
+  if (f) f >> w;
+  return w;
+}
+
+int run_elastic(const args& a) {
+  if (a.id < 0) throw dpkit::invalid_argument("--elastic needs --id N (N >= 0), got " + std::to_string(a.id));
+  dpkit::torch_threads_options topt;
+  topt.intra_op_threads = a.threads;
+  dpkit::size_torch_threads(topt);
+  torch::manual_seed(static_cast<std::uint64_t>(a.seed));
+  torch_lm::lm_config cfg;
+  cfg.layers = a.layers;
+  cfg.d_model = a.d_model;
+  cfg.heads = a.heads;
+  cfg.max_len = a.max_len + 1;
+  torch_lm::lm model(cfg);
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(a.lr));
+  batch_source data(a);
+  const auto all = data.lengths();
+  const std::size_t n = a.limit_samples > 0 ? std::min<std::size_t>(all.size(), static_cast<std::size_t>(a.limit_samples))
+                                            : all.size();
+  const auto lengths = all.first(n);
+  dpkit::token_budget_options so;
+  so.max_tokens = a.max_tokens;
+  so.max_sample_tokens = static_cast<std::uint64_t>(a.max_len) - 1; // + <bos>
+  so.oversize = dpkit::oversize_policy::truncate;
+  so.seed = a.seed;
+  so.elastic = true; // one global batch sequence whatever the world size
+  std::optional<dpkit::token_budget_batch_sampler> sampler;
+  line_log log(a.sample_log.empty() ? std::string() : a.sample_log + "/id" + std::to_string(a.id) + ".log");
+  const auto fault = [&](const std::string& where, std::int64_t step) {
+    log.put("F " + std::to_string(a.id) + " " + where + " " + std::to_string(step));
+    std::fprintf(stderr, "torch_lm: id %lld: fault injected (%s, step %lld)\n", static_cast<long long>(a.id),
+                 where.c_str(), static_cast<long long>(step));
+    ::_exit(3);
+  };
+
+  dpkit::elastic_options eo;
+  eo.first_size = a.first_size;
+  eo.heartbeat_interval = std::chrono::milliseconds(a.heartbeat_ms);
+  eo.dead_after = std::chrono::milliseconds(a.dead_after_ms);
+  eo.announce_wait = 4 * eo.dead_after;
+  dpkit::elastic_group group(a.elastic, a.id, eo);
+  if (control_fault(a) == "join") fault("join", -1);
+
+  dpkit::elastic_ddp_options o;
+  o.ddp.bucket_cap_mb = a.bucket_cap_mb;
+  o.admit_every = a.admit_every;
+  o.on_heal = [&](const dpkit::elastic_heal& h) {
+    sampler.emplace(lengths, static_cast<std::uint64_t>(h.world_size), static_cast<std::uint64_t>(h.rank), so);
+    // An offset past the plan (the epoch ended on padding positions) is the
+    // epoch's end: the loop starts the next one.
+    sampler->set_epoch(h.progress.epoch, 0);
+    sampler->set_epoch(h.progress.epoch, std::min(h.progress.offset, sampler->total_batches()));
+    std::string members;
+    for (auto q : group.members()) {
+      if (!members.empty()) members += ',';
+      members += std::to_string(q);
+    }
+    char c[32];
+    std::snprintf(c, sizeof c, "%016llx", static_cast<unsigned long long>(h.checksum));
+    log.put("J " + std::to_string(h.generation) + " " + std::to_string(a.id) + " " + std::to_string(h.rank) + " " +
+            std::to_string(h.world_size) + " " + std::to_string(h.progress.step) + " " +
+            std::to_string(h.progress.epoch) + " " + std::to_string(h.progress.offset) + " " + c + " " +
+            std::to_string(h.source) + " " + members);
+    std::printf("torch_lm: id %lld joined generation %llu: rank %d of %d, step %lld, epoch %llu, offset %llu, "
+                "params checksum %s (from rank %d)\n",
+                static_cast<long long>(a.id), static_cast<unsigned long long>(h.generation), h.rank, h.world_size,
+                static_cast<long long>(h.progress.step), static_cast<unsigned long long>(h.progress.epoch),
+                static_cast<unsigned long long>(h.progress.offset), c, h.source);
+    std::fflush(stdout);
+  };
+  dpkit::elastic_ddp trainer(group, model.ptr(), opt, o);
+
+  while (trainer.progress().epoch < a.epochs && trainer.progress().step < a.steps) {
+    const dpkit::elastic_progress p = trainer.progress();
+    const auto w = static_cast<std::uint64_t>(group.size());
+    const std::uint64_t k = (p.offset - sampler->start()) / w;
+    if (k >= sampler->num_batches()) { // the epoch's sequence is done: every member at the same step
+      trainer.next_epoch();
+      sampler->set_epoch(trainer.progress().epoch, 0);
+      continue;
+    }
+    const std::string f = control_fault(a);
+    if (f == "before") fault(f, p.step);
+    const std::uint64_t pos = sampler->global_position(k, static_cast<std::uint64_t>(group.rank()));
+    const bool pad = sampler->is_padding_position(pos);
+    const auto idx = sampler->batch(k);
+    std::string line = "S " + std::to_string(group.generation()) + " " + std::to_string(p.step) + " " +
+                       std::to_string(p.epoch) + " " + std::to_string(pos) + " " + std::to_string(group.rank()) + " " +
+                       (pad ? "1" : "0");
+    for (auto i : idx) {
+      line += ' ';
+      line += std::to_string(i);
+    }
+    log.put(line);
+    auto rows = data.rows_of(idx);
+    const std::uint64_t gen = group.generation();
+    double loss_value = 0;
+    const bool applied = trainer.step(
+        [&] {
+          opt.zero_grad();
+          auto loss = torch_lm::lm_loss(model, rows);
+          loss_value = loss.item<double>();
+          if (pad) loss = loss * 0.0; // a padding duplicate takes part in the all-reduce, adding nothing
+          loss.backward();
+          if (f == "during") fault(f, p.step); // the buckets' all-reduces are in flight
+        },
+        [&](dpkit::distributed_data_parallel<dpkit::gloo_transport>& ddp, const dpkit::ddp_step_result& r) {
+          if (r.all_finite) {
+            if (a.clip > 0) ddp.clip_grad_norm(a.clip);
+            opt.step();
+          }
+          char c[32];
+          std::snprintf(c, sizeof c, "%016llx", static_cast<unsigned long long>(dpkit::module_checksum(*model)));
+          log.put("A " + std::to_string(gen) + " " + std::to_string(p.step) + " " + std::to_string(p.epoch) + " " +
+                  std::to_string(p.offset) + " " + c);
+          if (group.rank() == 0 && a.log_every > 0 && p.step % a.log_every == 0) {
+            std::printf("step %lld generation %llu world %d loss %.4f (rank 0's batch) params %s\n",
+                        static_cast<long long>(p.step), static_cast<unsigned long long>(gen), group.size(), loss_value,
+                        c);
+            std::fflush(stdout);
+          }
+          if (f == "after") fault(f, p.step);
+        });
+    (void)applied;
+    if (!a.control.empty() && std::filesystem::exists(a.control + "/pace"))
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  char c[32];
+  std::snprintf(c, sizeof c, "%016llx", static_cast<unsigned long long>(dpkit::module_checksum(*model)));
+  log.put("D " + std::to_string(a.id) + " " + std::to_string(trainer.progress().step) + " " +
+          std::to_string(trainer.progress().epoch) + " " + c);
+  std::printf("torch_lm: id %lld done: step %lld, epoch %llu, generation %llu, params checksum %s\n",
+              static_cast<long long>(a.id), static_cast<long long>(trainer.progress().step),
+              static_cast<unsigned long long>(trainer.progress().epoch),
+              static_cast<unsigned long long>(group.generation()), c);
+  return 0;
+}
+#endif
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -530,7 +765,32 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--threads", a.threads, "intra-op threads per rank (0: the rank's CPUs divided among the ranks sharing them)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--elastic", a.elastic,
+                 "train over an elastic group through this store (file:///dir or redis://host:port/job), without MPI");
+  app.add_option("--id", a.id, "--elastic: this process's id (unique in the job, never reused)");
+  app.add_option("--first-size", a.first_size, "--elastic: processes the job's first generation waits for");
+  app.add_option("--admit-every", a.admit_every, "--elastic: admit waiting processes every K steps")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--limit-samples", a.limit_samples, "--elastic: an epoch is the corpus's first N lines (0: all)");
+  app.add_option("--epochs", a.epochs, "--elastic: stop after this many epochs (or at --steps)");
+  app.add_option("--heartbeat-ms", a.heartbeat_ms, "--elastic: heartbeat interval");
+  app.add_option("--dead-after-ms", a.dead_after_ms, "--elastic: a heartbeat unchanged this long is dead");
+  app.add_option("--sample-log", a.sample_log, "--elastic: each process appends its log to DIR/id<N>.log");
+  app.add_option("--control", a.control, "--elastic: fault injection for the test (DIR/fail.<id>, DIR/pace)");
   CLI11_PARSE(app, argc, argv);
+  if (!a.elastic.empty()) {
+#ifdef TORCH_LM_ELASTIC
+    try {
+      return run_elastic(a);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "torch_lm: id %lld: %s\n", static_cast<long long>(a.id), e.what());
+      return 1;
+    }
+#else
+    std::fprintf(stderr, "torch_lm: --elastic needs dpkit built with the gloo feature\n");
+    return 1;
+#endif
+  }
   const bool use_mpi = a.ddp != "none";
   if (use_mpi) {
     int provided = 0;
