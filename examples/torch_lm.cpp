@@ -102,6 +102,7 @@ struct args {
   std::int64_t limit_samples = 0; // 0: the whole corpus
   std::uint64_t epochs = 1;
   int heartbeat_ms = 500, dead_after_ms = 5000;
+  bool no_majority = false;
 };
 
 using clk = std::chrono::steady_clock;
@@ -626,6 +627,7 @@ int run_elastic(const args& a) {
   eo.heartbeat_interval = std::chrono::milliseconds(a.heartbeat_ms);
   eo.dead_after = std::chrono::milliseconds(a.dead_after_ms);
   eo.announce_wait = 4 * eo.dead_after;
+  eo.majority = !a.no_majority;
   dpkit::elastic_group group(a.elastic, a.id, eo);
   if (control_fault(a) == "join") fault("join", -1);
 
@@ -775,6 +777,9 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", a.epochs, "--elastic: stop after this many epochs (or at --steps)");
   app.add_option("--heartbeat-ms", a.heartbeat_ms, "--elastic: heartbeat interval");
   app.add_option("--dead-after-ms", a.dead_after_ms, "--elastic: a heartbeat unchanged this long is dead");
+  app.add_flag("--no-majority", a.no_majority,
+               "--elastic: let any live members go on after a failure, even half or fewer of the last generation "
+               "(default: a strict majority is needed, so a partition's minority never trains apart)");
   app.add_option("--sample-log", a.sample_log, "--elastic: each process appends its log to DIR/id<N>.log");
   app.add_option("--control", a.control, "--elastic: fault injection for the test (DIR/fail.<id>, DIR/pace)");
   CLI11_PARSE(app, argc, argv);
