@@ -12,6 +12,7 @@
 #
 #   scripts/elastic_cluster_demo.sh [WORKDIR]        (root with CAP_NET_ADMIN; exits 77 otherwise)
 #   KILL_AT=20 RESTART_AT=40 scripts/elastic_cluster_demo.sh /tmp/elastic-demo
+#   MODE=partition scripts/elastic_cluster_demo.sh /tmp/elastic-partition   # cut node 2 off instead
 #
 # One epoch of the corpus's first 1500 lines (the check counts ids 0..1499).
 #
@@ -23,6 +24,7 @@ WD=$(realpath -m "${1:-/tmp/dpkit-elastic-demo}")
 KILL_AT=${KILL_AT:-20}
 RESTART_AT=${RESTART_AT:-40}
 PORT=${PORT:-6399}
+MODE=${MODE:-kill}   # kill: node 2's processes are killed; partition: node 2 is cut off the network
 LM=$PWD/build/examples/torch_lm
 CORPUS=$PWD/build/data/debian-descriptions.jsonl
 SPM=$PWD/data/debian-bpe-8k.model
@@ -38,7 +40,7 @@ cleanup() {
   scripts/cluster.sh down >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
-redis-server --bind 10.77.0.254 --port "$PORT" --save '' --appendonly no --daemonize no > "$WD/out/redis.txt" 2>&1 &
+redis-server --bind 10.77.0.254 --port "$PORT" --protected-mode no --save '' --appendonly no --daemonize no > "$WD/out/redis.txt" 2>&1 &
 redis_pid=$!
 for _ in $(seq 100); do redis-cli -h 10.77.0.254 -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 URL=redis://10.77.0.254:$PORT/demo
@@ -58,6 +60,7 @@ wait_step() { # wait_step N TIMEOUT_S
   local t0=$SECONDS
   while [ "$(master_step || echo 0)" -lt "$1" ] 2>/dev/null || [ -z "$(master_step)" ]; do
     [ $(( SECONDS - t0 )) -lt "$2" ] || { echo "elastic_cluster_demo: step $1 not reached in $2 s" >&2; exit 1; }
+    pgrep -f "torch_lm --elastic" >/dev/null || { echo "elastic_cluster_demo: every torch_lm exited:" >&2; tail -n 3 "$WD"/out/id*.txt >&2; exit 1; }
     sleep 0.2
   done
 }
@@ -65,11 +68,27 @@ t_start=$(date +%s.%N)
 for node in 0 1 2; do start "$node" $(( 2 * node )); start "$node" $(( 2 * node + 1 )); done
 wait_step "$KILL_AT" 600
 t_kill=$(date +%s.%N)
-echo "step $(master_step): killing every process of node 2 (ids 4, 5)"
-ip netns pids dpk-node2 | xargs -r kill -9
+if [ "$MODE" = partition ]; then
+  echo "step $(master_step): cutting node 2 (ids 4, 5) off the network (scripts/cluster.sh partition 2)"
+  scripts/cluster.sh partition 2
+else
+  echo "step $(master_step): killing every process of node 2 (ids 4, 5)"
+  ip netns pids dpk-node2 | xargs -r kill -9
+fi
 wait_step "$RESTART_AT" 600
-echo "step $(master_step): starting node 2 again (ids 6, 7)"
 t_restart=$(date +%s.%N)
+if [ "$MODE" = partition ]; then
+  # the minority side (2 of 6) must not have trained on its own: ids 4 and 5
+  # applied no step after generation 0
+  echo "step $(master_step): node 2's processes while cut off:"
+  for id in 4 5; do
+    alive=no; pgrep -f -- "--id $id " >/dev/null && alive=yes
+    echo "  id $id: running=$alive; steps it applied after generation 0: $(awk '$2 == "A" && $3 != "0"' "$WD/logs/id$id.log" 2>/dev/null | wc -l); last output: $(tail -n 1 "$WD/out/id$id.txt")"
+  done
+  scripts/cluster.sh heal
+  ip netns pids dpk-node2 | xargs -r kill -9 # what is left of them; node 2 starts again below
+fi
+echo "step $(master_step): starting node 2 again (ids 6, 7)"
 start 2 6
 start 2 7
 ok=1
@@ -115,5 +134,5 @@ print(f"restart of node 2 -> its processes healed into a generation: {rejoin - t
 print(f"a restart of all processes from a checkpoint would cost the startup ({first - t0:.2f} s) plus the steps since "
       f"the checkpoint (half the interval on average: {25 * step_s:.2f} s for a checkpoint every 50 steps), plus the time to notice")
 PYEOF
-python3 scripts/torch_elastic_check.py --torch-lm "$LM" --corpus "$CORPUS" --spm "$SPM" --workdir "$WD" --check-only
+python3 scripts/torch_elastic_check.py --torch-lm "$LM" --corpus "$CORPUS" --spm "$SPM" --workdir "$WD" --check-only --external-failures
 [ "$ok" = 1 ]

@@ -44,6 +44,9 @@ def main():
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--timeout", type=float, default=90.0)
     ap.add_argument("--check-only", action="store_true", help="check the logs of an earlier run in --workdir")
+    ap.add_argument("--external-failures", action="store_true",
+                    help="with --check-only: the failures came from outside (processes killed), not from --control, "
+                         "so there are no injected-failure records to check")
     args = ap.parse_args()
     if args.check_only:
         logs = os.path.join(os.path.abspath(args.workdir), "logs")
@@ -51,7 +54,7 @@ def main():
         for name in os.listdir(logs):
             with open(os.path.join(logs, name)) as f:
                 recs += [line.split() for line in f if line.endswith("\n")]
-        check(recs, lambda msg: sys.exit("FAIL: " + msg))
+        check(recs, lambda msg: sys.exit("FAIL: " + msg), injected=not args.external_failures)
         print("PASS")
         return
 
@@ -168,7 +171,7 @@ def main():
     print("PASS")
 
 
-def check(recs, fail):
+def check(recs, fail, injected=True):
     J = [r for r in recs if r[1] == "J"]
     S = [r for r in recs if r[1] == "S"]
     A = [r for r in recs if r[1] == "A"]
@@ -240,7 +243,7 @@ def check(recs, fail):
         fail("a global position counted twice")
     # Failure points, and recovery within seconds.
     wheres = sorted(r[3] for r in F)
-    if wheres != ["after", "before", "during", "join"]:
+    if injected and wheres != ["after", "before", "during", "join"]:
         fail("injected failures %s" % wheres)
     for r in F:
         # the first step applied in a generation healed after the failure
@@ -252,11 +255,11 @@ def check(recs, fail):
         print("id %s failed (%s, step %s): healed %.2f s later, next step applied %.2f s later" %
               (r[2], r[3], r[4], healed - t, nxt - t))
     # Joiners got the state and their position.
-    for ident in (4, 0):
+    for ident in ((4, 0) if injected else ()):
         if not any(ident in h["ids"] for h in heal.values()):
             fail("id %s never healed" % ident)
-    # The survivors end equal.
-    if len(D) != 2 or len({r[5] for r in D}) != 1:
+    # The survivors end equal (the test's scenario: exactly ids 4 and 0 finish).
+    if (injected and len(D) != 2) or not D or len({r[5] for r in D}) != 1:
         fail("finish lines %s" % D)
     print("%d generations healed, %d steps counted, %d samples each trained once, final checksum %s" %
           (len(gens), counted, N_SAMPLES, D[0][5]))
