@@ -327,6 +327,18 @@ std::int64_t load_checkpoint(const std::string& path, torch_lm::lm& model, torch
   }
 }
 
+// The model of --layers/--d-model/--heads/--max-len, initialized from --seed
+// (the same on every rank and in both modes).
+torch_lm::lm make_model(const args& a) {
+  torch::manual_seed(static_cast<std::uint64_t>(a.seed));
+  torch_lm::lm_config cfg;
+  cfg.layers = a.layers;
+  cfg.d_model = a.d_model;
+  cfg.heads = a.heads;
+  cfg.max_len = a.max_len + 1;
+  return torch_lm::lm(cfg);
+}
+
 int run(const args& a) {
   int world = 1, rank = 0;
   if (a.ddp != "none") {
@@ -346,13 +358,7 @@ int run(const args& a) {
   } else {
     threads = dpkit::size_torch_threads(topt);
   }
-  torch::manual_seed(static_cast<std::uint64_t>(a.seed));
-  torch_lm::lm_config cfg;
-  cfg.layers = a.layers;
-  cfg.d_model = a.d_model;
-  cfg.heads = a.heads;
-  cfg.max_len = a.max_len + 1;
-  torch_lm::lm model(cfg);
+  torch_lm::lm model = make_model(a);
   if (!a.batches.empty()) torch_lm::load_weights(*model, a.batches + "/init.bin");
 
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(a.lr));
@@ -594,13 +600,7 @@ int run_elastic(const args& a) {
   dpkit::torch_threads_options topt;
   topt.intra_op_threads = a.threads;
   dpkit::size_torch_threads(topt);
-  torch::manual_seed(static_cast<std::uint64_t>(a.seed));
-  torch_lm::lm_config cfg;
-  cfg.layers = a.layers;
-  cfg.d_model = a.d_model;
-  cfg.heads = a.heads;
-  cfg.max_len = a.max_len + 1;
-  torch_lm::lm model(cfg);
+  torch_lm::lm model = make_model(a);
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(a.lr));
   batch_source data(a);
   const auto all = data.lengths();

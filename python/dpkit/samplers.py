@@ -36,13 +36,40 @@ def _world(num_replicas: Optional[int], rank: Optional[int], who: str):
     return num_replicas, rank
 
 
-def _check_state(who: str, state: Dict[str, Any], mine: Dict[str, Any]) -> None:
-    for k, v in mine.items():
-        if k in state and state[k] != v:
-            raise _core.InvalidArgument(f"{who}.load_state_dict: {k} is {state[k]!r} in the state, {v!r} here")
+class _Resumable:
+    """set_epoch / state_dict / load_state_dict of both samplers: the state
+    is the epoch and the global offset (C++ set_epoch(epoch, offset)) plus
+    the settings it is only valid for (`_settings()`)."""
+
+    def _settings(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch (torch: sampler.set_epoch): its beginning, or
+        the offset load_state_dict loaded for that epoch."""
+        start = self._resume[1] if self._resume and self._resume[0] == epoch else 0
+        self.epoch = epoch
+        self._s.set_epoch(epoch, start)
+        self._yielded = 0
+
+    def _state(self, done: Optional[int]) -> Dict[str, Any]:
+        k = self._yielded if done is None else done
+        return {"epoch": self.epoch, "offset": self._s.offset_after(k), **self._settings()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resumes at ``state``'s epoch and offset. Raises
+        dpkit.InvalidArgument naming the first setting that differs."""
+        who = type(self).__name__
+        for k, v in self._settings().items():
+            if k in state and state[k] != v:
+                raise _core.InvalidArgument(f"{who}.load_state_dict: {k} is {state[k]!r} in the state, {v!r} here")
+        self._resume = (state["epoch"], state["offset"])
+        self.epoch = state["epoch"]
+        self._s.set_epoch(state["epoch"], state["offset"])
+        self._yielded = 0
 
 
-class DistributedSampler(_Base):
+class DistributedSampler(_Resumable, _Base):
     """The indices rank ``rank`` of ``num_replicas`` reads in one epoch: equal
     to ``torch.utils.data.DistributedSampler(dataset, num_replicas, rank,
     shuffle, seed, drop_last)`` for every epoch (the default engine
@@ -105,37 +132,21 @@ class DistributedSampler(_Base):
         """This rank's k-th index of the epoch (from the current start)."""
         return self._s[k]
 
-    def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch (torch: sampler.set_epoch); starts at its
-        beginning, or at the offset loaded by load_state_dict for that epoch."""
-        start = self._resume[1] if self._resume and self._resume[0] == epoch else 0
-        self.epoch = epoch
-        self._s.set_epoch(epoch, start)
-        self._yielded = 0
+    def _settings(self) -> Dict[str, Any]:
+        return {"dataset_size": self.dataset_size, "shuffle": self.shuffle, "seed": self.seed,
+                "drop_last": self.drop_last, "exactly_once": self.exactly_once, "engine": self.engine}
 
     def state_dict(self, samples_done: Optional[int] = None) -> Dict[str, Any]:
         """The epoch and the global offset after this rank read
         ``samples_done`` samples of it (default: the samples iteration has
         yielded, which with DataLoader workers runs ahead of training by the
         prefetched batches; pass steps x batch size to be exact). The same
-        offset is valid on every rank and world size."""
-        k = self._yielded if samples_done is None else samples_done
-        return {"epoch": self.epoch, "offset": self._s.offset_after(k), "dataset_size": self.dataset_size,
-                "shuffle": self.shuffle, "seed": self.seed, "drop_last": self.drop_last,
-                "exactly_once": self.exactly_once, "engine": self.engine}
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Resumes at ``state``'s epoch and offset (any world size)."""
-        _check_state("DistributedSampler", state,
-                     {"dataset_size": self.dataset_size, "shuffle": self.shuffle, "seed": self.seed,
-                      "drop_last": self.drop_last, "exactly_once": self.exactly_once, "engine": self.engine})
-        self._resume = (state["epoch"], state["offset"])
-        self.epoch = state["epoch"]
-        self._s.set_epoch(state["epoch"], state["offset"])
-        self._yielded = 0
+        offset is valid on every rank and world size; load_state_dict
+        resumes there."""
+        return self._state(samples_done)
 
 
-class TokenBudgetBatchSampler(_Base):
+class TokenBudgetBatchSampler(_Resumable, _Base):
     """Batches of sample indices under a token budget, the same number on
     every rank: FunASR's ``CustomDistributedBufferDynamicBatchSampler`` (the
     seed's sampler) made deterministic (C++
@@ -230,25 +241,11 @@ class TokenBudgetBatchSampler(_Base):
         """Samples in the epoch's plan."""
         return self._s.kept_samples
 
-    def set_epoch(self, epoch: int) -> None:
-        """Plans ``epoch`` (its beginning, or the offset load_state_dict set)."""
-        start = self._resume[1] if self._resume and self._resume[0] == epoch else 0
-        self.epoch = epoch
-        self._s.set_epoch(epoch, start)
-        self._yielded = 0
+    def _settings(self) -> Dict[str, Any]:
+        return {"dataset_size": self.dataset_size, **self.options}
 
     def state_dict(self, steps_done: Optional[int] = None) -> Dict[str, Any]:
         """The epoch and global offset after ``steps_done`` steps (default:
-        the batches iteration yielded; see DistributedSampler.state_dict)."""
-        k = self._yielded if steps_done is None else steps_done
-        return {"epoch": self.epoch, "offset": self._s.offset_after(k), "dataset_size": self.dataset_size,
-                **self.options}
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Resumes at ``state``'s epoch and offset (another world size needs
-        ``elastic=True``)."""
-        _check_state("TokenBudgetBatchSampler", state, {"dataset_size": self.dataset_size, **self.options})
-        self._resume = (state["epoch"], state["offset"])
-        self.epoch = state["epoch"]
-        self._s.set_epoch(state["epoch"], state["offset"])
-        self._yielded = 0
+        the batches iteration yielded; see DistributedSampler.state_dict).
+        Resuming on another world size needs ``elastic=True``."""
+        return self._state(steps_done)

@@ -38,7 +38,7 @@ public:
   jsonl_source(const std::vector<std::filesystem::path>& paths, std::optional<std::filesystem::path> index_path,
                std::optional<std::string> length_field, bool build, unsigned threads, bool verify_checksum,
                std::optional<py::function> progress)
-      : paths_(paths), length_field_(length_field.value_or("")) {
+  {
     if (paths.empty()) throw dpkit::invalid_argument("JsonlDataset: no path given");
     dpkit::jsonl_index_open_options o;
     if (index_path) {
@@ -160,8 +160,6 @@ private:
     return data_.locate(static_cast<std::uint64_t>(g));
   }
 
-  std::vector<std::filesystem::path> paths_;
-  std::string length_field_;
   dpkit::jsonl_dataset data_;
 };
 
@@ -305,39 +303,17 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "dpkit's C++ data path: JSONL index, samplers (see the dpkit package for the documented classes)";
 
   // Exceptions: dpkit.Error (RuntimeError) and its kinds; invalid arguments
-  // are ValueError. Registered before any function can throw them.
-  static py::exception<dpkit::error> error_type(m, "Error", PyExc_RuntimeError);
-  static py::exception<dpkit::format_error> format_type(m, "FormatError", error_type.ptr());
-  static py::exception<dpkit::stale_index_error> stale_type(m, "StaleIndexError", format_type.ptr());
-  static py::exception<dpkit::timeout_error> timeout_type(m, "TimeoutError", error_type.ptr());
-  static py::exception<dpkit::mismatch_error> mismatch_type(m, "MismatchError", error_type.ptr());
-  static py::exception<dpkit::communicator_error> comm_type(m, "CommunicatorError", error_type.ptr());
-  static py::exception<dpkit::peer_error> peer_type(m, "PeerError", error_type.ptr());
-  static py::exception<dpkit::build_cancelled> cancelled_type(m, "BuildCancelled", error_type.ptr());
-  static py::exception<dpkit::invalid_argument> invalid_type(m, "InvalidArgument", PyExc_ValueError);
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const dpkit::stale_index_error& e) {
-      PyErr_SetString(stale_type.ptr(), e.what());
-    } catch (const dpkit::format_error& e) {
-      PyErr_SetString(format_type.ptr(), e.what());
-    } catch (const dpkit::timeout_error& e) {
-      PyErr_SetString(timeout_type.ptr(), e.what());
-    } catch (const dpkit::mismatch_error& e) {
-      PyErr_SetString(mismatch_type.ptr(), e.what());
-    } catch (const dpkit::communicator_error& e) {
-      PyErr_SetString(comm_type.ptr(), e.what());
-    } catch (const dpkit::peer_error& e) {
-      PyErr_SetString(peer_type.ptr(), e.what());
-    } catch (const dpkit::build_cancelled& e) {
-      PyErr_SetString(cancelled_type.ptr(), e.what());
-    } catch (const dpkit::error& e) {
-      PyErr_SetString(error_type.ptr(), e.what());
-    } catch (const dpkit::invalid_argument& e) {
-      PyErr_SetString(invalid_type.ptr(), e.what());
-    }
-  });
+  // are ValueError. pybind11 tries the translators newest first, so each
+  // kind is registered after its base.
+  const auto error_type = py::register_exception<dpkit::error>(m, "Error", PyExc_RuntimeError);
+  const auto format_type = py::register_exception<dpkit::format_error>(m, "FormatError", error_type);
+  py::register_exception<dpkit::stale_index_error>(m, "StaleIndexError", format_type);
+  py::register_exception<dpkit::timeout_error>(m, "TimeoutError", error_type);
+  py::register_exception<dpkit::mismatch_error>(m, "MismatchError", error_type);
+  py::register_exception<dpkit::communicator_error>(m, "CommunicatorError", error_type);
+  py::register_exception<dpkit::peer_error>(m, "PeerError", error_type);
+  py::register_exception<dpkit::build_cancelled>(m, "BuildCancelled", error_type);
+  py::register_exception<dpkit::invalid_argument>(m, "InvalidArgument", PyExc_ValueError);
 
   py::class_<jsonl_source, std::shared_ptr<jsonl_source>>(m, "JsonlIndex")
       .def(py::init<const std::vector<std::filesystem::path>&, std::optional<std::filesystem::path>, std::optional<std::string>,

@@ -261,13 +261,7 @@ public:
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) override {
-    dpkit::check_torch_tensor(input, "dpkit backend _allgather_base input");
-    dpkit::check_torch_tensor(output, "dpkit backend _allgather_base output");
-    check_cpu(input, "_allgather_base");
-    if (output.numel() != input.numel() * getSize() || output.scalar_type() != input.scalar_type())
-      throw dpkit::invalid_argument("dpkit backend: rank " + std::to_string(getRank()) + ": _allgather_base output " +
-                                    dpkit::detail::torch_describe(output) + " is not world size x input " +
-                                    dpkit::detail::torch_describe(input));
+    check_flat(output, input, "_allgather_base");
     const at::Tensor in = input, out = output;
     return submit(c10d::OpType::_ALLGATHER_BASE, {out}, bytes(out), timeout_of(opts.timeout),
                   [in, out](dpkit::mpi& c, const dpkit::collective_options& o) { gather_flat(c, in, out, o); });
@@ -296,13 +290,7 @@ public:
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override {
-    dpkit::check_torch_tensor(input, "dpkit backend _reduce_scatter_base input");
-    dpkit::check_torch_tensor(output, "dpkit backend _reduce_scatter_base output");
-    check_cpu(output, "_reduce_scatter_base");
-    if (input.numel() != output.numel() * getSize() || output.scalar_type() != input.scalar_type())
-      throw dpkit::invalid_argument("dpkit backend: rank " + std::to_string(getRank()) + ": _reduce_scatter_base input " +
-                                    dpkit::detail::torch_describe(input) + " is not world size x output " +
-                                    dpkit::detail::torch_describe(output));
+    check_flat(input, output, "_reduce_scatter_base");
     const at::Tensor in = input, out = output;
     const dpkit::reduce_op op = to_dpkit(opts.reduceOp, getRank());
     return submit(c10d::OpType::_REDUCE_SCATTER_BASE, {out}, bytes(in), timeout_of(opts.timeout),
@@ -348,6 +336,20 @@ private:
     if (!t.device().is_cpu())
       throw dpkit::invalid_argument("dpkit backend: rank " + std::to_string(getRank()) + ": " + what + " of " +
                                     dpkit::detail::torch_describe(t) + ": only CPU tensors (use the nccl backend on GPUs)");
+  }
+
+  /// The flat tensors of _allgather_base and _reduce_scatter_base: `whole`
+  /// must hold world size x `part`'s elements, of its element type, both
+  /// contiguous CPU tensors. @throws dpkit::invalid_argument naming both.
+  void check_flat(const at::Tensor& whole, const at::Tensor& part, const char* what) const {
+    dpkit::check_torch_tensor(whole, std::string("dpkit backend ") + what);
+    dpkit::check_torch_tensor(part, std::string("dpkit backend ") + what);
+    check_cpu(whole, what);
+    check_cpu(part, what);
+    if (whole.numel() != part.numel() * getSize() || whole.scalar_type() != part.scalar_type())
+      throw dpkit::invalid_argument("dpkit backend: rank " + std::to_string(getRank()) + ": " + what + ": " +
+                                    dpkit::detail::torch_describe(whole) + " is not world size x " +
+                                    dpkit::detail::torch_describe(part));
   }
 
   at::Tensor single(const std::vector<at::Tensor>& ts, const char* what) const {
