@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 
 using dpkit::algorithm;
@@ -32,7 +33,8 @@ TEST_CASE("tuning file: rules, ranges, sizes, links and comments parse as writte
       "allreduce 4- * 3-8 64K 1M ring\n"
       "allreduce * 1 * 1M inf shm\n"
       "allreduce 2-3 1 2 0 8 shm1\n"
-      "link inter 21.5 0.5\n",
+      "link inter 21.5 0.5\n"
+      "fragment inter 60K\n",
       "t.txt");
   REQUIRE(t.rules.size() == 4);
   const auto& r = t.rules[0];
@@ -55,6 +57,8 @@ TEST_CASE("tuning file: rules, ranges, sizes, links and comments parse as writte
   CHECK(t.inter.valid);
   CHECK(t.inter.alpha_us == 21.5);
   CHECK_FALSE(t.intra.valid);
+  CHECK(t.inter_fragment_bytes == std::optional<std::size_t>(61440));
+  CHECK_FALSE(dpkit::tuning_table::builtin().inter_fragment_bytes.has_value());
   CHECK(t.header == std::vector<std::string>{"made by hand"});
   // str() and parse() round trip
   CHECK(dpkit::tuning_table::parse(t.str(), "again") == t);
@@ -79,7 +83,13 @@ TEST_CASE("tuning file: every malformed line is a format_error naming the file a
                         bad{"dpkit-tuning 1\nallreduce * * * 1M 1K ring\n", "is not below"},
                         bad{"dpkit-tuning 1\nallreduce * * * 99999999999999999G inf ring\n", "overflows"},
                         bad{"dpkit-tuning 1\nlink intra -1 0.5\n", "alpha '-1'"},
-                        bad{"dpkit-tuning 1\nlink wan 1 0.5\n", "link intra|inter"}}) {
+                        bad{"dpkit-tuning 1\nlink wan 1 0.5\n", "link intra|inter"},
+                        bad{"dpkit-tuning 1\nfragment intra 4096\n", "expected 'fragment inter BYTES'"},
+                        bad{"dpkit-tuning 1\nfragment inter\n", "expected 'fragment inter BYTES'"},
+                        bad{"dpkit-tuning 1\nfragment inter 2G\n", "fragment '2G' is out of range"},
+                        bad{"dpkit-tuning 1\nfragment inter inf\n", "is out of range"},
+                        bad{"dpkit-tuning 1\nfragment inter 100\n", "fragment '100' is out of range"},
+                        bad{"dpkit-tuning 1\nfragment inter -5\n", "fragment '-5'"}}) {
     CAPTURE(b.text);
     try {
       (void)dpkit::tuning_table::parse(b.text, "f.txt");

@@ -25,6 +25,9 @@
 /// algorithm the transport cannot run (no shared segment, one node, no
 /// native collectives) is passed over. `link intra|inter ALPHA_US BETA_NS`
 /// lines hold the measured link costs of the cost model (cost_model.hpp).
+/// `fragment inter BYTES` (0: off) is the size dpkit::mpi splits messages
+/// to ranks on other nodes into (see inter_fragment_bytes); the tuner writes
+/// it when fragments were measured faster than whole messages.
 #pragma once
 
 #include "../core/errors.hpp"
@@ -122,6 +125,17 @@ public:
   std::vector<tuning_rule> rules; ///< in order of precedence
   link_cost intra, inter;         ///< link costs, when measured
   double reduce_ns_per_byte = 0;  ///< measured local reduction cost (0: not measured)
+  /// Fragment size in bytes of dpkit::mpi's messages to ranks on other nodes
+  /// (`fragment inter BYTES`): a message longer than this goes as several
+  /// MPI messages of at most this size, all posted at once. nullopt: the
+  /// file does not say (dpkit::mpi then sends whole messages); 0: whole
+  /// messages. Measured by allreduce_perf --tune: on Open MPI's tcp btl a
+  /// message above its eager limit (64 KiB) takes the rendezvous protocol,
+  /// and two such messages crossing one link in opposite directions moved at
+  /// half the rate of one direction on the emulated cluster, where messages
+  /// below the limit kept both directions at full rate
+  /// (benchmarks/results/2026-11-26-cluster-fragments.md).
+  std::optional<std::size_t> inter_fragment_bytes;
   std::string origin = "(in memory)"; ///< the file it came from, or "built-in"
   std::vector<std::string> header; ///< the file's comment lines before the first rule (how it was made)
 
@@ -165,6 +179,15 @@ public:
       if (f[0] == "reduce") {
         if (f.size() != 2) throw bad("expected 'reduce NS_PER_BYTE', got '" + std::string(line) + "'");
         t.reduce_ns_per_byte = number(f[1], bad, "reduce");
+        continue;
+      }
+      if (f[0] == "fragment") {
+        if (f.size() != 3 || f[1] != "inter")
+          throw bad("expected 'fragment inter BYTES', got '" + std::string(line) + "'");
+        const std::size_t b = bytes(f[2], bad, "fragment");
+        if (b != 0 && (b < 4096 || b > (std::size_t{1} << 30)))
+          throw bad("fragment '" + std::string(f[2]) + "' is out of range (0 for whole messages, or 4K to 1G)");
+        t.inter_fragment_bytes = b;
         continue;
       }
       if (f[0] == "link") {
@@ -266,6 +289,9 @@ public:
     };
     link("intra", intra);
     link("inter", inter);
+    if (inter_fragment_bytes)
+      s += "fragment inter " + std::to_string(*inter_fragment_bytes) +
+           "  # bytes per message to another node (0: whole messages)\n";
     if (reduce_ns_per_byte > 0) {
       std::ostringstream os;
       os.precision(6);
@@ -333,7 +359,7 @@ public:
   }
   friend bool operator==(const tuning_table& a, const tuning_table& b) {
     if (a.rules.size() != b.rules.size() || !(a.intra == b.intra) || !(a.inter == b.inter) ||
-        a.reduce_ns_per_byte != b.reduce_ns_per_byte)
+        a.reduce_ns_per_byte != b.reduce_ns_per_byte || a.inter_fragment_bytes != b.inter_fragment_bytes)
       return false;
     for (std::size_t i = 0; i < a.rules.size(); ++i) {
       const auto &x = a.rules[i], &y = b.rules[i];

@@ -14,7 +14,9 @@
 ///
 /// Point-to-point requests are MPI_Isend/MPI_Irecv of MPI_BYTE on the
 /// duplicated communicator (messages over 1 GiB are split into several
-/// requests, since MPI counts are int). wait(deadline) polls MPI_Testall, so a
+/// requests, since MPI counts are int; messages to ranks on other nodes into
+/// fragments of inter_fragment_bytes() where that is set). wait(deadline)
+/// polls MPI_Testall, so a
 /// peer that never arrives yields dpkit::timeout_error rather than a hang; the
 /// timed-out requests are cancelled.
 ///
@@ -32,6 +34,7 @@
 #include "../core/options.hpp"
 #include "../core/reduce_op.hpp"
 #include "../core/tensor.hpp"
+#include "../collectives/tuning.hpp"
 #include "detail/scratch_arena.hpp"
 #include "concept.hpp"
 #include "detail/health.hpp"
@@ -67,6 +70,35 @@ inline void mpi_check(int code, const char* call, int rank) {
 }
 /// Largest message one MPI request carries (bytes).
 inline constexpr std::size_t mpi_max_message = std::size_t{1} << 30;
+
+/// Checks a fragment size for dpkit::mpi's messages to other nodes: 0 (whole
+/// messages) or 4 KiB to 1 GiB. `what` names its source in the error.
+/// @throws dpkit::invalid_argument naming the value.
+inline std::size_t checked_inter_fragment(unsigned long long v, const std::string& what) {
+  if (v != 0 && (v < 4096 || v > mpi_max_message))
+    throw invalid_argument(what + ": fragment of " + std::to_string(v) +
+                           " bytes is out of range (0 for whole messages, or 4096 to 1073741824)");
+  return static_cast<std::size_t>(v);
+}
+
+/// The fragment size of dpkit::mpi's messages to ranks on other nodes, as the
+/// environment sets it: DPKIT_MPI_INTER_FRAGMENT (bytes; 0: whole messages),
+/// else the `fragment inter BYTES` line of DPKIT_TUNING_FILE, else 0.
+/// @throws dpkit::invalid_argument on a malformed or out-of-range value;
+///         dpkit::error / dpkit::format_error on a tuning file that cannot be
+///         read or parsed.
+inline std::size_t inter_fragment_from_env() {
+  if (const char* s = std::getenv("DPKIT_MPI_INTER_FRAGMENT"); s && *s) {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(s, &end, 10);
+    if (!end || *end != '\0' || s[0] == '-')
+      throw invalid_argument(std::string("DPKIT_MPI_INTER_FRAGMENT: expected a byte count, got '") + s + "'");
+    return checked_inter_fragment(v, "DPKIT_MPI_INTER_FRAGMENT");
+  }
+  if (const tuning_table* t = env_tuning(); t && t->inter_fragment_bytes)
+    return checked_inter_fragment(*t->inter_fragment_bytes, "tuning file " + t->origin);
+  return 0;
+}
 
 /// A fault notice, sent on control_tag to every other rank by a rank whose
 /// collective failed (fixed size, so it is one eager message).
@@ -353,6 +385,21 @@ private:
 /// DPKIT_RANKS_PER_NODE=k (k >= 1) divides each host into virtual nodes of k
 /// consecutive local ranks, so a multi-node layout runs on one machine
 /// (tests; the shared segment then spans one virtual node).
+///
+/// Fragments between nodes: with inter_fragment_bytes() = F > 0, a message
+/// to or from a rank on another node that is longer than F goes as
+/// ceil(bytes / F) MPI messages of F bytes (the last shorter), all posted at
+/// once with the same tag (MPI's non-overtaking order matches them). Why: on
+/// Open MPI's tcp btl a message above its eager limit (64 KiB) takes the
+/// rendezvous protocol, and on the emulated cluster two such messages
+/// crossing a link in opposite directions (every ring step and swap between
+/// nodes) each moved at half the rate one direction gets; fragments below the
+/// limit kept both directions at the full rate (64 MiB all-reduce between
+/// two nodes: 502 ms whole, 284 ms in 60 KiB fragments, the link's bound
+/// 283 ms; benchmarks/results/2026-11-26-cluster-fragments.md). Off by
+/// default (0); set by DPKIT_MPI_INTER_FRAGMENT or the tuning file's
+/// `fragment inter` line, which `allreduce_perf --tune` writes when it
+/// measured fragments faster on the cluster at hand.
 class mpi {
 public:
   /// Wraps `comm`. With `duplicate` (default), dpkit works on an
@@ -363,10 +410,28 @@ public:
   /// @throws dpkit::error if MPI is not initialized or a call fails;
   ///         dpkit::invalid_argument on a malformed DPKIT_RANKS_PER_NODE or
   ///         DPKIT_SHM_BYTES.
+  ///         Also invalid_argument on every rank when the ranks' fragment
+  ///         settings (DPKIT_MPI_INTER_FRAGMENT, the tuning file) differ or
+  ///         one is out of range, since fragments only match fragments.
   explicit mpi(MPI_Comm comm = MPI_COMM_WORLD, bool duplicate = true) {
     open(comm, duplicate);
     discover_topology();
     finish_setup();
+  }
+
+  /// Fragment size in bytes of messages to ranks on other nodes (0: whole
+  /// messages; see the class comment).
+  std::size_t inter_fragment_bytes() const noexcept { return inter_fragment_; }
+  /// Sets the fragment size of messages to ranks on other nodes, on this
+  /// transport and its node and cross-node sub-transports. Every rank must
+  /// set the same value, between collectives (no message in flight), as for
+  /// any collective argument: a fragment only matches a fragment.
+  /// @param bytes 0 (whole messages) or 4096 to 1073741824.
+  /// @throws dpkit::invalid_argument naming the value and the rank.
+  void set_inter_fragment_bytes(std::size_t bytes) {
+    inter_fragment_ = detail::checked_inter_fragment(bytes, "mpi::set_inter_fragment_bytes: rank " + std::to_string(rank_));
+    if (node_) node_->set_inter_fragment_bytes(bytes);
+    if (cross_) cross_->set_inter_fragment_bytes(bytes);
   }
 
   /// Splits this transport as MPI_Comm_split (splittable_transport): a
@@ -408,7 +473,9 @@ public:
     std::stable_sort(members.begin(), members.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     for (const auto& m : members) labels.push_back(topo_.node_of(m.second));
-    return mpi(sub, node_layout::canonicalize(labels), nullptr);
+    mpi child(sub, node_layout::canonicalize(labels), nullptr);
+    child.set_inter_fragment_bytes(inter_fragment_);
+    return child;
   }
 
   /// True when MPI was initialized with MPI_THREAD_MULTIPLE, so this
@@ -435,8 +502,8 @@ public:
   mpi(mpi&& o) noexcept
       : comm_(o.comm_), owned_(o.owned_), rank_(o.rank_), size_(o.size_), half_ops_(o.half_ops_),
         arena_(std::move(o.arena_)), progress_(std::move(o.progress_)), sh_(std::move(o.sh_)),
-        shm_win_(o.shm_win_), shm_(std::move(o.shm_)), topo_(std::move(o.topo_)), node_(std::move(o.node_)),
-        cross_(std::move(o.cross_)) {
+        shm_win_(o.shm_win_), shm_(std::move(o.shm_)), topo_(std::move(o.topo_)),
+        inter_fragment_(o.inter_fragment_), node_(std::move(o.node_)), cross_(std::move(o.cross_)) {
     o.owned_ = false;
     o.half_ops_.fill(MPI_OP_NULL);
     o.shm_win_ = MPI_WIN_NULL;
@@ -650,9 +717,46 @@ private:
     const int per_node = detail::ranks_per_node_from_env();
     const long long label = static_cast<long long>(host_leader) * (static_cast<long long>(size_) + 1) +
                             (per_node > 0 ? local / per_node : 0);
+    // the fragment setting travels with the label: a bad or disagreeing one
+    // fails every rank here, not as mismatched messages later (-1: this
+    // rank's setting is malformed)
+    std::string bad_fragment;
+    long long fragment = -1;
+    try {
+      fragment = static_cast<long long>(detail::inter_fragment_from_env());
+    } catch (const std::exception& e) {
+      bad_fragment = e.what();
+    }
+    const long long mine[2] = {label, fragment};
+    std::vector<long long> all(2 * static_cast<std::size_t>(size_));
+    detail::mpi_check(MPI_Allgather(mine, 2, MPI_LONG_LONG, all.data(), 2, MPI_LONG_LONG, comm_), "MPI_Allgather",
+                      rank_);
     std::vector<long long> labels(static_cast<std::size_t>(size_));
-    detail::mpi_check(MPI_Allgather(&label, 1, MPI_LONG_LONG, labels.data(), 1, MPI_LONG_LONG, comm_),
-                      "MPI_Allgather", rank_);
+    for (int p = 0; p < size_; ++p) {
+      labels[static_cast<std::size_t>(p)] = all[2 * static_cast<std::size_t>(p)];
+      const long long f = all[2 * static_cast<std::size_t>(p) + 1];
+      if (f != fragment) {
+        const std::string what =
+            !bad_fragment.empty() ? "dpkit::mpi: rank " + std::to_string(rank_) + ": " + bad_fragment
+            : f < 0 ? "dpkit::mpi: rank " + std::to_string(p) +
+                          " has a malformed fragment setting (DPKIT_MPI_INTER_FRAGMENT or the tuning file's "
+                          "'fragment inter'); rank " + std::to_string(rank_) + " uses " + std::to_string(fragment) +
+                          " bytes"
+                    : "dpkit::mpi: the ranks disagree on the fragment size of messages between nodes "
+                      "(DPKIT_MPI_INTER_FRAGMENT or the tuning file's 'fragment inter'): rank " +
+                          std::to_string(rank_) + " uses " + std::to_string(fragment) + " bytes, rank " +
+                          std::to_string(p) + " " + std::to_string(f) + " bytes; every rank must use the same";
+        if (owned_) MPI_Comm_free(&comm_);
+        owned_ = false;
+        throw invalid_argument(what);
+      }
+    }
+    if (!bad_fragment.empty()) { // every rank's is malformed
+      if (owned_) MPI_Comm_free(&comm_);
+      owned_ = false;
+      throw invalid_argument("dpkit::mpi: rank " + std::to_string(rank_) + ": " + bad_fragment);
+    }
+    inter_fragment_ = static_cast<std::size_t>(fragment);
     topo_ = node_topology(node_layout::canonicalize(labels), rank_);
   }
   // Half-precision ops, the shared segment (one node) or the hierarchy's
@@ -664,10 +768,14 @@ private:
     MPI_Comm node = MPI_COMM_NULL, cross = MPI_COMM_NULL;
     detail::mpi_check(MPI_Comm_split(comm_, topo_.node(), rank_, &node), "MPI_Comm_split", rank_);
     node_.reset(new mpi(node, node_layout::single(topo_.local_size()), sh_.get()));
+    node_->inter_fragment_ = inter_fragment_;
     const int color = topo_.uniform() ? topo_.local_rank() : topo_.local_rank() == 0 ? 0 : MPI_UNDEFINED;
     // ranked by node, so cross rank k is on node k
     detail::mpi_check(MPI_Comm_split(comm_, color, topo_.node(), &cross), "MPI_Comm_split", rank_);
-    if (cross != MPI_COMM_NULL) cross_.reset(new mpi(cross, node_layout::blocks(topo_.nodes(), 1), sh_.get()));
+    if (cross != MPI_COMM_NULL) {
+      cross_.reset(new mpi(cross, node_layout::blocks(topo_.nodes(), 1), sh_.get()));
+      cross_->inter_fragment_ = inter_fragment_;
+    }
   }
   // The shared segment: DPKIT_SHM_BYTES (default 4 MiB) per buffer, two
   // buffers and a control line per rank, in one MPI-3 shared window over the
@@ -756,12 +864,16 @@ private:
       throw invalid_argument(std::string(call) + ": rank " + std::to_string(rank_) + ": count " +
                              std::to_string(count) + " exceeds INT_MAX");
   }
-  // Posts one request per <= 1 GiB piece via post(offset, bytes, &request).
+  // Posts one request per piece via post(offset, bytes, &request): pieces of
+  // at most 1 GiB, or of inter_fragment_ bytes to a rank on another node.
   template <class Post>
   mpi_request start(std::size_t bytes, int peer, int tag, bool is_send, Post&& post) {
     MPI_Request first = MPI_REQUEST_NULL;
     std::vector<MPI_Request> more;
-    for_pieces(bytes, [&](std::size_t off, int n) {
+    const std::size_t piece =
+        inter_fragment_ > 0 && topo_.node_of(peer) != topo_.node() ? inter_fragment_ : detail::mpi_max_message;
+    if (bytes > piece) more.reserve((bytes - 1) / piece);
+    for_pieces(bytes, piece, [&](std::size_t off, int n) {
       MPI_Request r;
       post(off, n, &r);
       if (off == 0) first = r;
@@ -770,13 +882,12 @@ private:
     return mpi_request(first, std::move(more), rank_, peer, tag, is_send, sh_.get(), bytes);
   }
   template <class F>
-  static void for_pieces(std::size_t bytes, F&& f) {
+  static void for_pieces(std::size_t bytes, std::size_t piece, F&& f) {
     if (bytes == 0) {
       f(0, 0);
       return;
     }
-    for (std::size_t off = 0; off < bytes; off += detail::mpi_max_message)
-      f(off, static_cast<int>(std::min(detail::mpi_max_message, bytes - off)));
+    for (std::size_t off = 0; off < bytes; off += piece) f(off, static_cast<int>(std::min(piece, bytes - off)));
   }
   template <class F>
   static void for_counts(std::size_t count, F&& f) {
@@ -844,6 +955,7 @@ private:
   MPI_Win shm_win_ = MPI_WIN_NULL;
   std::unique_ptr<detail::shm_segment> shm_;
   node_topology topo_;
+  std::size_t inter_fragment_ = 0; // bytes per message to another node (0: whole)
   std::unique_ptr<mpi> node_, cross_; // hierarchy (several nodes)
 };
 
