@@ -16,6 +16,7 @@
 #include "../reduce_tree.hpp"
 #include "common.hpp"
 #include "../shm/allgather.hpp"
+#include "../shm/allreduce.hpp"
 #include "../shm/broadcast.hpp"
 #include "../shm/reduce_scatter.hpp"
 #include "../shm/reduce.hpp"
@@ -23,6 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 namespace dpkit::detail {
@@ -235,6 +237,38 @@ void hier_allreduce_shm(N& node, X& cross, const T* in, T* out, std::size_t coun
   if (prev.active) finish(prev);
 }
 
+/// Largest message (bytes) of the small-message path of the hierarchical
+/// all-reduce (hier_allreduce_small). DPKIT_HIER_SMALL_BYTES overrides it
+/// (measuring; 0 turns the path off).
+inline std::size_t hier_small_max_bytes() {
+  static const std::size_t v = [] {
+    const char* s = std::getenv("DPKIT_HIER_SMALL_BYTES");
+    return s && *s ? static_cast<std::size_t>(std::strtoull(s, nullptr, 10)) : std::size_t{2048};
+  }();
+  return v;
+}
+
+/// Hierarchical all-reduce of a small message (uniform layout, host memory):
+/// every local rank gets its node's result in one shared-memory step (the
+/// one-shot all-reduce, rank order: the same bits on every local rank), then
+/// all-reduces it with the ranks of its local rank on the other nodes (each
+/// local rank the same values by the same algorithm, so the same bits); no
+/// step inside the node after the network. One shared-memory step and the
+/// exchange between nodes, where the chunked path takes two steps around it
+/// (the count of synchronizations of Open MPI coll/tuned's recursive
+/// doubling over the whole world); each node sends L copies of the message,
+/// which is why it serves small messages only.
+template <class N, class X, element T>
+void hier_allreduce_small(N& node, X& cross, const T* in, T* out, std::size_t count, reduce_op op, int world_size,
+                          const collective_options& o, deadline due, const allreduce_policy& flat) {
+  const reduce_op stage_op = op == reduce_op::avg ? reduce_op::sum : op;
+  tensor_view<const T> vi{in, count, memory_space::host};
+  tensor_view<T> vo{out, count, memory_space::host};
+  allreduce_shm_one_shot(node, vi, vo, stage_op, stage_options(o, due));
+  cross_allreduce(cross, out, count, memory_space::host, stage_op, stage_options(o, due), flat);
+  if (op == reduce_op::avg) divide_host(out, count, static_cast<std::size_t>(world_size));
+}
+
 /// Hierarchical all-reduce through one leader per node (any layout, any
 /// memory space): reduce to local rank 0, all-reduce among the leaders,
 /// broadcast from local rank 0.
@@ -267,7 +301,10 @@ void allreduce_hierarchical_raw(C& comm, const op_context& ctx, const T* in, T* 
   auto* node = comm.node_transport();
   auto* cross = comm.cross_transport();
   S.guard([&] {
-    if (topo.uniform() && space == memory_space::host && shm_available(*node))
+    if (topo.uniform() && space == memory_space::host && shm_available(*node) &&
+        count * sizeof(T) <= hier_small_max_bytes())
+      hier_allreduce_small(*node, *cross, in, out, count, op, ctx.size, o, S.due(), flat);
+    else if (topo.uniform() && space == memory_space::host && shm_available(*node))
       hier_allreduce_shm(*node, *cross, in, out, count, op, ctx.size, o, S.due(), flat);
     else
       hier_allreduce_leader(*node, cross, in, out, count, space, op, ctx.size, o, S.due(), flat, L);
