@@ -178,6 +178,12 @@ TEST_CASE("cost model: ring, tree, shm, hier against hand-computed alpha-beta su
   CHECK(*m.allreduce_us(algorithm::hierarchical, S, 2, 2) == doctest::Approx(local + std::min(cross_ring, cross_tree)));
   // two chunks cost twice one
   CHECK(*m.allreduce_us(algorithm::hierarchical, 2 * S, 2, 2) == doctest::Approx(2 * (local + cross_ring)));
+  // small path (<= 2 KiB): one shm step reading L-1 peers, then log2(N)
+  // swaps each carrying the L local ranks' copies: 2 x 2 and 4 x 2 at 1 KiB
+  CHECK(*m.allreduce_us(algorithm::hierarchical, 1024, 2, 2) ==
+        doctest::Approx(1.0 + 1024 * 0.1e-3 + 1 * (20.0 + 2 * 1024 * 4e-3)));
+  CHECK(*m.allreduce_us(algorithm::hierarchical, 1024, 4, 2) ==
+        doctest::Approx(1.0 + 1024 * 0.1e-3 + 2 * (20.0 + 2 * 1024 * 4e-3)));
   // one node: shm applies, hier does not; across nodes the reverse
   CHECK(m.allreduce_us(algorithm::shm_one_shot, 1024, 1, 4).has_value());
   CHECK_FALSE(m.allreduce_us(algorithm::hierarchical, 1024, 1, 4).has_value());

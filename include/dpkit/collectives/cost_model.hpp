@@ -48,6 +48,9 @@ struct cost_model {
   link_cost inter;                 ///< a message between two nodes (one node's link)
   double reduce_ns_per_byte = 0.1; ///< gamma: one local reduction, per byte of the result
   std::size_t node_chunk_bytes = std::size_t{4} << 20; ///< the node's shared buffer (hier, shm2 chunks)
+  /// hier's small-message path (one shared-memory step, then the network;
+  /// detail::hier_small_max_bytes) up to this many bytes
+  std::size_t hier_small_bytes = 2048;
 
   /// The model with the link costs of tuning table t (the defaults where it has none).
   static cost_model from(const tuning_table& t) {
@@ -93,6 +96,13 @@ struct cost_model {
     case algorithm::hierarchical: {
       if (nodes <= 1) return std::nullopt;
       const int L = per_node;
+      if (L > 1 && bytes <= hier_small_bytes) {
+        // one-shot inside the node (read L-1 peers), then recursive
+        // doubling between nodes, the L local ranks' copies sharing the link
+        const double d = std::ceil(std::log2(static_cast<double>(nodes)));
+        return intra.alpha_us + (L - 1) * S * (intra.beta_ns_per_byte * 1e-3 + g) +
+               d * (inter.alpha_us + L * S * inter.beta_ns_per_byte * 1e-3 + S * g);
+      }
       const double chunks = std::max(1.0, std::ceil(S / static_cast<double>(node_chunk_bytes)));
       const double c = S / chunks;
       const double f = static_cast<double>(L - 1) / L;
