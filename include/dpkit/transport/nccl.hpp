@@ -138,9 +138,40 @@ struct nccl_options {
   /// dpkit::invalid_argument; use it when only native collectives are needed
   /// at large world sizes.
   bool point_to_point = true;
-  /// Deadline of each native collective (ncclAllReduce, ...), from its start.
+  /// Deadline of each native collective (ncclAllReduce, ...), from its
+  /// start; also of forming the communicator (init_rank) and of splitting the
+  /// point-to-point channels, so a rank that never arrives is a
+  /// timeout_error on the others, not a hang.
   std::chrono::milliseconds native_timeout = env_default_timeout();
 };
+
+namespace detail {
+/// Completes a call on a non-blocking NCCL communicator c: when r is
+/// ncclInProgress, polls ncclCommGetAsyncError(c) until the communicator
+/// leaves that state or deadline d passes (then ncclCommAbort(c) and
+/// timeout_error naming `what`); throws dpkit::error (after aborting c) if
+/// it ends in an error. r other than ncclInProgress: as nccl_check.
+inline void nccl_settle(ncclComm_t c, ncclResult_t r, deadline d, const std::string& what) {
+  if (r != ncclInProgress) return nccl_check(r, what);
+  for (unsigned spin = 0;; ++spin) {
+    ncclResult_t ar = ncclInProgress;
+    const ncclResult_t q = ncclCommGetAsyncError(c, &ar);
+    if (q != ncclSuccess || (ar != ncclSuccess && ar != ncclInProgress)) {
+      const std::string msg = what + ": " + ncclGetErrorString(q != ncclSuccess ? q : ar);
+      (void)ncclCommAbort(c);
+      throw error(msg);
+    }
+    if (ar == ncclSuccess) return;
+    if (clock::now() >= d) {
+      (void)ncclCommAbort(c);
+      throw timeout_error(what + ": not complete before its deadline (a rank that never called it?); "
+                                 "the communicator was aborted");
+    }
+    if (spin < 64) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(spin < 1024 ? 10 : 200));
+  }
+}
+} // namespace detail
 
 namespace detail {
 
@@ -307,8 +338,13 @@ public:
 
   /// Creates (and owns) rank `rank` of an `nranks`-rank communicator on CUDA
   /// device `device` from a unique id that rank 0 made with ncclGetUniqueId
-  /// and shared (ncclCommInitRank). Collective: all ranks call it.
-  /// @throws dpkit::invalid_argument for a bad rank/size/device, dpkit::error on failure.
+  /// and shared (ncclCommInitRankConfig, non-blocking, waited against
+  /// o.native_timeout as PyTorch's ProcessGroupNCCL does with
+  /// TORCH_NCCL_USE_COMM_NONBLOCKING). Collective: all ranks call it.
+  /// @throws dpkit::invalid_argument for a bad rank/size/device;
+  ///         dpkit::timeout_error when the communicator is not formed within
+  ///         o.native_timeout (a rank never called it; the communicator is
+  ///         aborted); dpkit::error on failure.
   static nccl init_rank(const ncclUniqueId& id, int nranks, int rank, int device, const nccl_options& o = {}) {
     if (nranks <= 0 || rank < 0 || rank >= nranks)
       throw invalid_argument("nccl::init_rank: rank " + std::to_string(rank) + " out of range for world size " +
@@ -321,8 +357,17 @@ public:
     cuda_check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
     ncclComm_t c = nullptr;
     ncclUniqueId idc = id;
-    nccl_check(ncclCommInitRank(&c, nranks, idc, rank), "ncclCommInitRank(rank " + std::to_string(rank) + " of " +
-                                                            std::to_string(nranks) + ")");
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0; // every call returns; dpkit waits against its deadlines
+    const std::string what = "nccl::init_rank: ncclCommInitRankConfig(rank " + std::to_string(rank) + " of " +
+                             std::to_string(nranks) + ")";
+    const deadline d = deadline_after(o.native_timeout);
+    const ncclResult_t r = ncclCommInitRankConfig(&c, nranks, idc, rank, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      if (c) (void)ncclCommAbort(c);
+      nccl_check(r, what);
+    }
+    detail::nccl_settle(c, r, d, what);
     return nccl(c, true, nullptr, o);
   }
 
@@ -439,10 +484,13 @@ private:
   nccl(ncclComm_t comm, bool owns, cudaStream_t stream, const nccl_options& o)
       : st_(std::make_shared<detail::nccl_state>()), progress_(std::make_unique<progress_thread>()) {
     auto& s = *st_;
+    if (!comm) throw invalid_argument("nccl: null ncclComm_t");
+    // a non-blocking communicator may still be forming (on failure
+    // nccl_settle aborts it, before this state owns it)
+    detail::nccl_settle(comm, ncclInProgress, deadline_after(o.native_timeout), "nccl: forming the communicator");
     s.comm = comm;
     s.owns_comm = owns;
     s.native_timeout = o.native_timeout;
-    if (!comm) throw invalid_argument("nccl: null ncclComm_t");
     nccl_check(ncclCommUserRank(comm, &s.rank), "ncclCommUserRank");
     nccl_check(ncclCommCount(comm, &s.size), "ncclCommCount");
     nccl_check(ncclCommCuDevice(comm, &s.device), "ncclCommCuDevice");
@@ -475,6 +523,7 @@ private:
     auto& s = *st_;
     const int n = s.size, r = s.rank;
     const int m = n % 2 == 0 ? n : n + 1;
+    const deadline d = deadline_after(s.native_timeout);
     s.send_ch.resize(static_cast<std::size_t>(n));
     s.recv_ch.resize(static_cast<std::size_t>(n));
     for (int k = 0; k < m - 1; ++k) {
@@ -482,8 +531,25 @@ private:
       const bool real = p < n;
       for (int dir = 0; dir < 2; ++dir) { // 0: lower -> higher rank, 1: higher -> lower
         ncclComm_t c = nullptr;
-        nccl_check(ncclCommSplit(s.comm, real ? std::min(r, p) : NCCL_SPLIT_NOCOLOR, r, &c, nullptr),
-                   s.prefix() + "ncclCommSplit (point-to-point channel with rank " + std::to_string(p) + ")");
+        const std::string what = s.prefix() + "ncclCommSplit (point-to-point channel with rank " + std::to_string(p) + ")";
+        const ncclResult_t sr = ncclCommSplit(s.comm, real ? std::min(r, p) : NCCL_SPLIT_NOCOLOR, r, &c, nullptr);
+        // non-blocking (init_rank): the split completes on the parent and the
+        // child; a failure or timeout aborts them all
+        try {
+          detail::nccl_settle(s.comm, sr, d, what);
+        } catch (...) {
+          s.comm = nullptr; // aborted by nccl_settle
+          s.abort();
+          throw;
+        }
+        if (c) {
+          try {
+            detail::nccl_settle(c, ncclInProgress, d, what);
+          } catch (...) {
+            s.abort();
+            throw;
+          }
+        }
         if (!real) continue;
         detail::nccl_channel ch;
         ch.comm = c;
@@ -517,8 +583,18 @@ private:
     const ncclResult_t r = is_send ? ncclSend(buf, bytes, ncclUint8, ch.peer, ch.comm, ch.stream)
                                    : ncclRecv(buf, bytes, ncclUint8, ch.peer, ch.comm, ch.stream);
     const ncclResult_t r2 = ncclGroupEnd();
-    nccl_check(r, s.prefix() + call);
-    nccl_check(r2, s.prefix() + "ncclGroupEnd after " + call);
+    nccl_check(r == ncclInProgress ? ncclSuccess : r, s.prefix() + call);
+    if (r2 == ncclInProgress) { // non-blocking communicator: the group is being launched
+      try {
+        detail::nccl_settle(ch.comm, r2, deadline_after(s.native_timeout), s.prefix() + "ncclGroupEnd after " + call);
+      } catch (...) {
+        ch.comm = nullptr; // aborted by nccl_settle
+        s.abort();
+        throw;
+      }
+    } else {
+      nccl_check(r2, s.prefix() + "ncclGroupEnd after " + call);
+    }
     cudaEvent_t ev = nullptr;
     cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), s.prefix() + "cudaEventCreate");
     const cudaError_t er = cudaEventRecord(ev, ch.stream);
@@ -539,7 +615,18 @@ private:
     s.check_alive(name);
     const deadline d = deadline_after(s.native_timeout);
     detail::cuda_device_guard g(s.device);
-    nccl_check(enqueue(), s.prefix() + name);
+    const ncclResult_t r = enqueue();
+    if (r == ncclInProgress) { // non-blocking communicator: still being enqueued
+      try {
+        detail::nccl_settle(s.comm, r, d, s.prefix() + name);
+      } catch (...) {
+        s.comm = nullptr; // aborted by nccl_settle
+        s.abort();
+        throw;
+      }
+    } else {
+      nccl_check(r, s.prefix() + name);
+    }
     cuda_check(cudaEventRecord(s.order, s.stream), s.prefix() + "cudaEventRecord after " + name);
     s.wait_event(s.order, s.comm, d, name);
   }
