@@ -104,7 +104,10 @@ struct node_layout {
     if (n > 0 && std::all_of(s.begin(), s.end(), [&](int x) { return x == s[0]; }))
       return std::to_string(n) + "x" + std::to_string(s[0]);
     std::string out;
-    for (std::size_t i = 0; i < s.size(); ++i) out += (i ? "+" : "") + std::to_string(s[i]);
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      if (i) out += '+'; // (GCC 12 warns falsely, -Wrestrict, on "+" + std::to_string(...))
+      out += std::to_string(s[i]);
+    }
     return out;
   }
   friend bool operator==(const node_layout&, const node_layout&) = default;
