@@ -161,7 +161,6 @@ std::optional<std::size_t> tune_inter_fragment(C& comm, harness<C>& h, const dpk
     const std::vector<std::size_t> cands{0, 32768, 61440};
     std::vector<float> buf(std::size_t{4} << 20); // 16 MiB
     std::vector<std::vector<double>> per(cands.size());
-    const std::size_t before = comm.inter_fragment_bytes();
     for (int round = 0; round < 3; ++round)
       for (std::size_t j = 0; j < cands.size(); ++j) {
         const std::size_t c = (j + static_cast<std::size_t>(round)) % cands.size();
@@ -184,7 +183,6 @@ std::optional<std::size_t> tune_inter_fragment(C& comm, harness<C>& h, const dpk
     why = "16 MiB " + std::string(dpkit::algorithm_name(a)) + " all-reduce, us:";
     for (std::size_t c = 0; c < cands.size(); ++c)
       why += (c == 0 ? std::string(" whole ") : " " + std::to_string(cands[c]) + " ") + us(med[c]);
-    (void)before;
     comm.set_inter_fragment_bytes(cands[best]);
     return cands[best];
   } else {

@@ -70,5 +70,9 @@ inline constexpr std::size_t shm_one_shot_max_bytes_default = 64u << 10;
 /// The same on 2 ranks (docs/tuning.md "Two-shot on two ranks": two-shot
 /// ahead in place from 512 KiB, level out of place from 2 MiB).
 inline constexpr std::size_t shm_one_shot_max_bytes_two_ranks_default = 256u << 10;
+/// Messages up to this many bytes take the hierarchical all-reduce's
+/// small-message path (one shared-memory step, then the network; measured on
+/// the 2x2 emulated cluster, benchmarks/results/2026-11-26-cluster-fragments.md).
+inline constexpr std::size_t hier_small_max_bytes_default = 2048;
 
 } // namespace dpkit

@@ -48,9 +48,9 @@ struct cost_model {
   link_cost inter;                 ///< a message between two nodes (one node's link)
   double reduce_ns_per_byte = 0.1; ///< gamma: one local reduction, per byte of the result
   std::size_t node_chunk_bytes = std::size_t{4} << 20; ///< the node's shared buffer (hier, shm2 chunks)
-  /// hier's small-message path (one shared-memory step, then the network;
-  /// detail::hier_small_max_bytes) up to this many bytes
-  std::size_t hier_small_bytes = 2048;
+  /// hier's small-message path (one shared-memory step, then the network)
+  /// up to this many bytes
+  std::size_t hier_small_bytes = hier_small_max_bytes_default;
 
   /// The model with the link costs of tuning table t (the defaults where it has none).
   static cost_model from(const tuning_table& t) {

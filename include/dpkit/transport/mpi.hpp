@@ -95,9 +95,8 @@ inline std::size_t inter_fragment_from_env() {
       throw invalid_argument(std::string("DPKIT_MPI_INTER_FRAGMENT: expected a byte count, got '") + s + "'");
     return checked_inter_fragment(v, "DPKIT_MPI_INTER_FRAGMENT");
   }
-  if (const tuning_table* t = env_tuning(); t && t->inter_fragment_bytes)
-    return checked_inter_fragment(*t->inter_fragment_bytes, "tuning file " + t->origin);
-  return 0;
+  const tuning_table* t = env_tuning(); // its parser checked the range
+  return t && t->inter_fragment_bytes ? *t->inter_fragment_bytes : 0;
 }
 
 /// A fault notice, sent on control_tag to every other rank by a rank whose
@@ -732,29 +731,24 @@ private:
     detail::mpi_check(MPI_Allgather(mine, 2, MPI_LONG_LONG, all.data(), 2, MPI_LONG_LONG, comm_), "MPI_Allgather",
                       rank_);
     std::vector<long long> labels(static_cast<std::size_t>(size_));
+    std::string what = bad_fragment.empty() ? "" : "dpkit::mpi: rank " + std::to_string(rank_) + ": " + bad_fragment;
     for (int p = 0; p < size_; ++p) {
       labels[static_cast<std::size_t>(p)] = all[2 * static_cast<std::size_t>(p)];
       const long long f = all[2 * static_cast<std::size_t>(p) + 1];
-      if (f != fragment) {
-        const std::string what =
-            !bad_fragment.empty() ? "dpkit::mpi: rank " + std::to_string(rank_) + ": " + bad_fragment
-            : f < 0 ? "dpkit::mpi: rank " + std::to_string(p) +
-                          " has a malformed fragment setting (DPKIT_MPI_INTER_FRAGMENT or the tuning file's "
-                          "'fragment inter'); rank " + std::to_string(rank_) + " uses " + std::to_string(fragment) +
-                          " bytes"
-                    : "dpkit::mpi: the ranks disagree on the fragment size of messages between nodes "
-                      "(DPKIT_MPI_INTER_FRAGMENT or the tuning file's 'fragment inter'): rank " +
-                          std::to_string(rank_) + " uses " + std::to_string(fragment) + " bytes, rank " +
-                          std::to_string(p) + " " + std::to_string(f) + " bytes; every rank must use the same";
-        if (owned_) MPI_Comm_free(&comm_);
-        owned_ = false;
-        throw invalid_argument(what);
-      }
+      if (f == fragment || !what.empty()) continue;
+      what = f < 0 ? "dpkit::mpi: rank " + std::to_string(p) +
+                         " has a malformed fragment setting (DPKIT_MPI_INTER_FRAGMENT or the tuning file's "
+                         "'fragment inter'); rank " + std::to_string(rank_) + " uses " + std::to_string(fragment) +
+                         " bytes"
+                   : "dpkit::mpi: the ranks disagree on the fragment size of messages between nodes "
+                     "(DPKIT_MPI_INTER_FRAGMENT or the tuning file's 'fragment inter'): rank " +
+                         std::to_string(rank_) + " uses " + std::to_string(fragment) + " bytes, rank " +
+                         std::to_string(p) + " " + std::to_string(f) + " bytes; every rank must use the same";
     }
-    if (!bad_fragment.empty()) { // every rank's is malformed
+    if (!what.empty()) {
       if (owned_) MPI_Comm_free(&comm_);
       owned_ = false;
-      throw invalid_argument("dpkit::mpi: rank " + std::to_string(rank_) + ": " + bad_fragment);
+      throw invalid_argument(what);
     }
     inter_fragment_ = static_cast<std::size_t>(fragment);
     topo_ = node_topology(node_layout::canonicalize(labels), rank_);

@@ -148,25 +148,20 @@ struct nccl_options {
 namespace detail {
 /// Completes a call on a non-blocking NCCL communicator c: when r is
 /// ncclInProgress, polls ncclCommGetAsyncError(c) until the communicator
-/// leaves that state or deadline d passes (then ncclCommAbort(c) and
-/// timeout_error naming `what`); throws dpkit::error (after aborting c) if
-/// it ends in an error. r other than ncclInProgress: as nccl_check.
+/// leaves that state or deadline d passes (timeout_error naming `what`);
+/// dpkit::error if it ends in an error. r other than ncclInProgress: as
+/// nccl_check. The caller aborts the communicator when this throws.
 inline void nccl_settle(ncclComm_t c, ncclResult_t r, deadline d, const std::string& what) {
   if (r != ncclInProgress) return nccl_check(r, what);
   for (unsigned spin = 0;; ++spin) {
     ncclResult_t ar = ncclInProgress;
     const ncclResult_t q = ncclCommGetAsyncError(c, &ar);
-    if (q != ncclSuccess || (ar != ncclSuccess && ar != ncclInProgress)) {
-      const std::string msg = what + ": " + ncclGetErrorString(q != ncclSuccess ? q : ar);
-      (void)ncclCommAbort(c);
-      throw error(msg);
-    }
+    if (q != ncclSuccess || (ar != ncclSuccess && ar != ncclInProgress))
+      throw error(what + ": " + ncclGetErrorString(q != ncclSuccess ? q : ar));
     if (ar == ncclSuccess) return;
-    if (clock::now() >= d) {
-      (void)ncclCommAbort(c);
+    if (clock::now() >= d)
       throw timeout_error(what + ": not complete before its deadline (a rank that never called it?); "
                                  "the communicator was aborted");
-    }
     if (spin < 64) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(spin < 1024 ? 10 : 200));
   }
@@ -214,6 +209,17 @@ struct nccl_state {
     // unusable either way, and a blocked kernel must be released.
     if (comm) (void)ncclCommAbort(comm);
     comm = nullptr;
+  }
+  /// nccl_settle on communicator c of this transport; ncclInProgress that
+  /// ends in an error or the deadline aborts every communicator first.
+  void settle(ncclComm_t c, ncclResult_t r, deadline d, const std::string& what) {
+    if (r != ncclInProgress) return nccl_check(r, what);
+    try {
+      nccl_settle(c, r, d, what);
+    } catch (...) {
+      abort();
+      throw;
+    }
   }
   /// Throws (after aborting) if a communicator reports an asynchronous error.
   void check_async(ncclComm_t c, const std::string& what) {
@@ -363,11 +369,12 @@ public:
                              std::to_string(nranks) + ")";
     const deadline d = deadline_after(o.native_timeout);
     const ncclResult_t r = ncclCommInitRankConfig(&c, nranks, idc, rank, &cfg);
-    if (r != ncclSuccess && r != ncclInProgress) {
+    try {
+      detail::nccl_settle(c, r, d, what);
+    } catch (...) {
       if (c) (void)ncclCommAbort(c);
-      nccl_check(r, what);
+      throw;
     }
-    detail::nccl_settle(c, r, d, what);
     return nccl(c, true, nullptr, o);
   }
 
@@ -485,9 +492,14 @@ private:
       : st_(std::make_shared<detail::nccl_state>()), progress_(std::make_unique<progress_thread>()) {
     auto& s = *st_;
     if (!comm) throw invalid_argument("nccl: null ncclComm_t");
-    // a non-blocking communicator may still be forming (on failure
-    // nccl_settle aborts it, before this state owns it)
-    detail::nccl_settle(comm, ncclInProgress, deadline_after(o.native_timeout), "nccl: forming the communicator");
+    // a non-blocking communicator may still be forming (on failure it is
+    // aborted, before this state owns it)
+    try {
+      detail::nccl_settle(comm, ncclInProgress, deadline_after(o.native_timeout), "nccl: forming the communicator");
+    } catch (...) {
+      (void)ncclCommAbort(comm);
+      throw;
+    }
     s.comm = comm;
     s.owns_comm = owns;
     s.native_timeout = o.native_timeout;
@@ -535,17 +547,12 @@ private:
         const ncclResult_t sr = ncclCommSplit(s.comm, real ? std::min(r, p) : NCCL_SPLIT_NOCOLOR, r, &c, nullptr);
         // non-blocking (init_rank): the split completes on the parent and the
         // child; a failure or timeout aborts them all
-        try {
-          detail::nccl_settle(s.comm, sr, d, what);
-        } catch (...) {
-          s.comm = nullptr; // aborted by nccl_settle
-          s.abort();
-          throw;
-        }
+        s.settle(s.comm, sr, d, what);
         if (c) {
           try {
             detail::nccl_settle(c, ncclInProgress, d, what);
           } catch (...) {
+            (void)ncclCommAbort(c);
             s.abort();
             throw;
           }
@@ -584,17 +591,8 @@ private:
                                    : ncclRecv(buf, bytes, ncclUint8, ch.peer, ch.comm, ch.stream);
     const ncclResult_t r2 = ncclGroupEnd();
     nccl_check(r == ncclInProgress ? ncclSuccess : r, s.prefix() + call);
-    if (r2 == ncclInProgress) { // non-blocking communicator: the group is being launched
-      try {
-        detail::nccl_settle(ch.comm, r2, deadline_after(s.native_timeout), s.prefix() + "ncclGroupEnd after " + call);
-      } catch (...) {
-        ch.comm = nullptr; // aborted by nccl_settle
-        s.abort();
-        throw;
-      }
-    } else {
-      nccl_check(r2, s.prefix() + "ncclGroupEnd after " + call);
-    }
+    // a non-blocking communicator may still be launching the group
+    s.settle(ch.comm, r2, deadline_after(s.native_timeout), s.prefix() + "ncclGroupEnd after " + call);
     cudaEvent_t ev = nullptr;
     cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), s.prefix() + "cudaEventCreate");
     const cudaError_t er = cudaEventRecord(ev, ch.stream);
@@ -615,18 +613,7 @@ private:
     s.check_alive(name);
     const deadline d = deadline_after(s.native_timeout);
     detail::cuda_device_guard g(s.device);
-    const ncclResult_t r = enqueue();
-    if (r == ncclInProgress) { // non-blocking communicator: still being enqueued
-      try {
-        detail::nccl_settle(s.comm, r, d, s.prefix() + name);
-      } catch (...) {
-        s.comm = nullptr; // aborted by nccl_settle
-        s.abort();
-        throw;
-      }
-    } else {
-      nccl_check(r, s.prefix() + name);
-    }
+    s.settle(s.comm, enqueue(), d, s.prefix() + name); // non-blocking: may still be enqueuing
     cuda_check(cudaEventRecord(s.order, s.stream), s.prefix() + "cudaEventRecord after " + name);
     s.wait_event(s.order, s.comm, d, name);
   }

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 namespace dpkit::detail {
 
@@ -238,14 +239,22 @@ void hier_allreduce_shm(N& node, X& cross, const T* in, T* out, std::size_t coun
 }
 
 /// Largest message (bytes) of the small-message path of the hierarchical
-/// all-reduce (hier_allreduce_small). DPKIT_HIER_SMALL_BYTES overrides it
-/// (measuring; 0 turns the path off).
+/// all-reduce (hier_allreduce_small): DPKIT_HIER_SMALL_BYTES (measuring; 0
+/// turns the path off), else hier_small_max_bytes_default.
+/// @throws dpkit::invalid_argument naming a malformed value.
 inline std::size_t hier_small_max_bytes() {
-  static const std::size_t v = [] {
+  static const std::optional<std::size_t> v = []() -> std::optional<std::size_t> {
     const char* s = std::getenv("DPKIT_HIER_SMALL_BYTES");
-    return s && *s ? static_cast<std::size_t>(std::strtoull(s, nullptr, 10)) : std::size_t{2048};
+    if (!s || !*s) return hier_small_max_bytes_default;
+    char* end = nullptr;
+    const unsigned long long b = std::strtoull(s, &end, 10);
+    if (!end || *end != '\0' || s[0] == '-') return std::nullopt;
+    return static_cast<std::size_t>(b);
   }();
-  return v;
+  if (!v)
+    throw invalid_argument(std::string("DPKIT_HIER_SMALL_BYTES: expected a byte count, got '") +
+                           std::getenv("DPKIT_HIER_SMALL_BYTES") + "'");
+  return *v;
 }
 
 /// Hierarchical all-reduce of a small message (uniform layout, host memory):
@@ -300,11 +309,11 @@ void allreduce_hierarchical_raw(C& comm, const op_context& ctx, const T* in, T* 
   const node_topology& topo = comm.topology();
   auto* node = comm.node_transport();
   auto* cross = comm.cross_transport();
+  const bool through_shm = topo.uniform() && space == memory_space::host && shm_available(*node);
   S.guard([&] {
-    if (topo.uniform() && space == memory_space::host && shm_available(*node) &&
-        count * sizeof(T) <= hier_small_max_bytes())
+    if (through_shm && count * sizeof(T) <= hier_small_max_bytes())
       hier_allreduce_small(*node, *cross, in, out, count, op, ctx.size, o, S.due(), flat);
-    else if (topo.uniform() && space == memory_space::host && shm_available(*node))
+    else if (through_shm)
       hier_allreduce_shm(*node, *cross, in, out, count, op, ctx.size, o, S.due(), flat);
     else
       hier_allreduce_leader(*node, cross, in, out, count, space, op, ctx.size, o, S.due(), flat, L);
