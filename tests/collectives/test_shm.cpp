@@ -546,3 +546,19 @@ TEST_CASE("shm wait: a sleeper on a peer's futex is woken by its step and by abo
     CHECK(std::chrono::steady_clock::now() - t0 < 5s);
   }
 }
+
+TEST_CASE("shm wait: no pause-spins when the launcher says the ranks share cores (mpi_yield_when_idle)") {
+  using dpkit::detail::mca_bool_true;
+  // Open MPI's boolean spellings
+  for (const char* yes : {"1", "2", "true", "TRUE", "Yes", "on"}) CHECK_MESSAGE(mca_bool_true(yes), yes);
+  for (const char* no : {"0", "false", "no", "off", "", "maybe", "1x"}) CHECK_FALSE_MESSAGE(mca_bool_true(no), no);
+  CHECK_FALSE(mca_bool_true(nullptr));
+  // ranks sharing cores never spin (the awaited rank may need this core); ranks with cores of their own do
+  CHECK(dpkit::detail::shm_spins_before_yield(true) == 0);
+  CHECK(dpkit::detail::shm_spins_before_yield(false) == 256);
+  // more ranks than cores share cores whatever the launcher says
+  CHECK(dpkit::detail::shm_spin_count(static_cast<int>(std::thread::hardware_concurrency()) + 1) == 0);
+  // what this process's launcher said decides a world that fits the cores
+  CHECK(dpkit::detail::shm_spin_count(1) ==
+        (mca_bool_true(std::getenv("OMPI_MCA_mpi_yield_when_idle")) ? 0 : 256));
+}

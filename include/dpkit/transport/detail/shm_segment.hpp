@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -217,18 +218,50 @@ inline std::size_t shm_bytes_from_env(std::size_t fallback) {
   return static_cast<std::size_t>(v);
 }
 
-/// True when a world of `world_size` ranks on this node has more ranks than
-/// the machine has cores (hardware_concurrency; the same on every rank of a
-/// node).
-inline bool shm_oversubscribed(int world_size) noexcept {
-  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return static_cast<unsigned>(world_size) > cores;
+/// True when `value`, an Open MPI boolean MCA parameter's text, says yes:
+/// 1 (any non-zero number), true, yes or on in any case; false for null,
+/// empty, 0, false, no, off or anything else.
+inline bool mca_bool_true(const char* value) noexcept {
+  if (!value || !*value) return false;
+  std::string v(value);
+  for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (v == "true" || v == "yes" || v == "on") return true;
+  char* end = nullptr;
+  const long n = std::strtol(v.c_str(), &end, 10);
+  return end && *end == '\0' && n != 0;
 }
 
-/// How many pause-spins a wait does before it yields: 256 when the world
-/// fits on the machine's cores, else none (a spinning rank would take the
-/// core from the peer it waits for).
-inline int shm_spin_count(int world_size) noexcept { return shm_oversubscribed(world_size) ? 0 : 256; }
+/// True when the launcher told this job's ranks to give up the core while
+/// they wait: Open MPI's mpi_yield_when_idle (`mpirun --mca
+/// mpi_yield_when_idle 1`, which reaches the ranks as
+/// OMPI_MCA_mpi_yield_when_idle). It is how a user says that the ranks share
+/// cores with ranks or work the node's core count does not show:
+/// scripts/cluster.sh sets it, its nodes sharing one machine's cores. Read
+/// once per process.
+inline bool launcher_asks_yield() noexcept {
+  static const bool v = mca_bool_true(std::getenv("OMPI_MCA_mpi_yield_when_idle"));
+  return v;
+}
+
+/// True when the ranks of this node share cores: a world of `world_size`
+/// ranks has more ranks than the machine has cores (hardware_concurrency;
+/// the same on every rank of a node), or the launcher asked ranks to yield
+/// when idle (launcher_asks_yield; the same environment on every rank).
+inline bool shm_oversubscribed(int world_size) noexcept {
+  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<unsigned>(world_size) > cores || launcher_asks_yield();
+}
+
+/// How many pause-spins a wait does before it yields: 256 when the ranks
+/// have cores of their own, none when they share them (`share_cores`): a
+/// spinning rank would keep the core from the rank it waits for. On the emulated 2x2 cluster (4 ranks on 2 cores,
+/// each node's 2 ranks seeing 2 cores) the spins cost the hierarchy's small
+/// path about 4 us of its 25-30 us (benchmarks/results/2026-11-26-cluster-layouts.md).
+inline int shm_spins_before_yield(bool share_cores) noexcept { return share_cores ? 0 : 256; }
+
+/// shm_spins_before_yield for a world of `world_size` ranks on this node
+/// (shm_oversubscribed).
+inline int shm_spin_count(int world_size) noexcept { return shm_spins_before_yield(shm_oversubscribed(world_size)); }
 
 /// How many yielding polls a wait does before it sleeps on the peer's futex:
 /// DPKIT_SHM_YIELDS if set (a tuning knob), else 2048 (0.5-5 ms of yields).
