@@ -74,5 +74,12 @@ inline constexpr std::size_t shm_one_shot_max_bytes_two_ranks_default = 256u << 
 /// small-message path (one shared-memory step, then the network; measured on
 /// the 2x2 emulated cluster, benchmarks/results/2026-11-26-cluster-fragments.md).
 inline constexpr std::size_t hier_small_max_bytes_default = 2048;
+/// The hierarchical all-reduce's chunk (bytes; at most the shared segment's
+/// buffer): each chunk's reduce-scatter inside the node, all-reduce between
+/// nodes and all-gather inside the node overlap the next chunk's. 1 MiB
+/// against the 4 MiB buffer: 4-16 MiB all-reduces 3-9% faster, 64 MiB at the
+/// link's bound on the 2x2 and 3x2 emulated clusters
+/// (benchmarks/results/2026-11-26-cluster-layouts.md).
+inline constexpr std::size_t hier_chunk_max_bytes_default = std::size_t{1} << 20;
 
 } // namespace dpkit

@@ -156,7 +156,8 @@ void hier_allreduce_shm(N& node, X& cross, const T* in, T* out, std::size_t coun
   const auto lctx = make_context(node, "allreduce_hierarchical (node stage)");
   shm_segment& seg = shm_of(node, lctx);
   const int n = lctx.size, r = lctx.rank;
-  const std::size_t cap = shm_chunk_elems<T>(seg, lctx);
+  const std::size_t cap =
+      std::max<std::size_t>(1, std::min(shm_chunk_elems<T>(seg, lctx), hier_chunk_max_bytes_default / sizeof(T)));
   shm_claim claim(seg, lctx);
   const reduce_op stage_op = op == reduce_op::avg ? reduce_op::sum : op;
   collective_scope<N> S(node, lctx, coll_kind::allreduce, "hier", element_type_of_v<T>, count, op, -1,
