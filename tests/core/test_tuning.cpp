@@ -166,15 +166,30 @@ TEST_CASE("cost model: ring, tree, shm, hier against hand-computed alpha-beta su
   m.intra = {1.0, 0.1, true};   // 1 us, 10 GB/s
   m.inter = {20.0, 4.0, true};  // 20 us, 250 MB/s
   m.reduce_ns_per_byte = 0.0;
+  m.hier_chunk_bytes = 4u << 20;
   const std::size_t S = 4u << 20; // one chunk
   // ring over 2 nodes x 2: 6 steps of S/4 over the inter-node link
   CHECK(*m.allreduce_us(algorithm::ring, S, 2, 2) == doctest::Approx(6 * (20.0 + S / 4.0 * 4e-3)));
   // tree over 4 ranks: 2 x 2 latencies, 2 S through the link
   CHECK(*m.allreduce_us(algorithm::tree, S, 2, 2) == doctest::Approx(4 * 20.0 + 2 * S * 4e-3));
+  // tree over 3 nodes x 2: node 0 (ranks 0, 1) has three edges leaving it (0-2, 1-3, 1-4): 3 S through its link
+  CHECK(*m.allreduce_us(algorithm::tree, S, 3, 2) == doctest::Approx(2 * 3 * 20.0 + 3 * S * 4e-3));
+  // tree over 2 nodes x 1: one edge, S each way
+  CHECK(*m.allreduce_us(algorithm::tree, S, 2, 1) == doctest::Approx(2 * 20.0 + 1 * S * 4e-3));
+  // the edges of allreduce_tree's heap (children 2v+1, 2v+2) crossing the busiest node, counted by hand
+  CHECK(dpkit::cost_model::tree_crossing_edges(1, 1) == 0);
+  CHECK(dpkit::cost_model::tree_crossing_edges(8, 8) == 0);  // one node
+  CHECK(dpkit::cost_model::tree_crossing_edges(2, 1) == 1);
+  CHECK(dpkit::cost_model::tree_crossing_edges(4, 1) == 2);  // rank 1: parent 0, child 3
+  CHECK(dpkit::cost_model::tree_crossing_edges(5, 1) == 3);  // rank 1: parent 0, children 3 and 4
+  CHECK(dpkit::cost_model::tree_crossing_edges(4, 2) == 2);  // {0,1}: 0-2, 1-3
+  CHECK(dpkit::cost_model::tree_crossing_edges(6, 2) == 3);  // {0,1}: 0-2, 1-3, 1-4; {2,3}: 0-2, 1-3, 2-5
+  CHECK(dpkit::cost_model::tree_crossing_edges(6, 3) == 3);  // {0,1,2}: 1-3, 1-4, 2-5
+  CHECK(dpkit::cost_model::tree_crossing_edges(5, 2) == 3);  // {0,1}: 0-2, 1-3, 1-4
   // hier: shm2 halves inside (2 intra latencies, 2 x S/2 copied), ring between 2 nodes moves S through the link
   const double local = 2 * 1.0 + 2 * 0.5 * S * 0.1e-3;
   const double cross_ring = 2 * 20.0 + 1.0 * S * 4e-3;
-  const double cross_tree = 2 * 20.0 + 2.0 * S * 4e-3;
+  const double cross_tree = 2 * 20.0 + 1.0 * S * 4e-3; // one edge between the two nodes
   CHECK(*m.allreduce_us(algorithm::hierarchical, S, 2, 2) == doctest::Approx(local + std::min(cross_ring, cross_tree)));
   // two chunks cost twice one
   CHECK(*m.allreduce_us(algorithm::hierarchical, 2 * S, 2, 2) == doctest::Approx(2 * (local + cross_ring)));
@@ -189,6 +204,18 @@ TEST_CASE("cost model: ring, tree, shm, hier against hand-computed alpha-beta su
   CHECK_FALSE(m.allreduce_us(algorithm::hierarchical, 1024, 1, 4).has_value());
   CHECK_FALSE(m.allreduce_us(algorithm::shm_two_shot, 1024, 2, 2).has_value());
   CHECK_FALSE(m.allreduce_us(algorithm::native, 1024, 2, 2).has_value());
-  // hierarchical beats the flat ring at large sizes on a slow network (it moves less through each node's link)
-  CHECK(*m.allreduce_us(algorithm::hierarchical, 64u << 20, 64, 8) < *m.allreduce_us(algorithm::ring, 64u << 20, 64, 8));
+  // hierarchical beats the flat ring at large sizes on a slow network where
+  // it moves less through each node's link: 2x2, S against the ring's 1.5 S
+  const std::size_t big = 64u << 20;
+  CHECK(*m.allreduce_us(algorithm::hierarchical, big, 2, 2) * 1.3 < *m.allreduce_us(algorithm::ring, big, 2, 2));
+  // at 64 x 8 both move about 2 S through each node's link: the hierarchy
+  // wins on latency (126 steps between nodes against 1022) at small sizes,
+  // and is level with the ring (within 10%) at large ones
+  CHECK(*m.allreduce_us(algorithm::hierarchical, 8192, 64, 8) * 10 < *m.allreduce_us(algorithm::ring, 8192, 64, 8));
+  CHECK(*m.allreduce_us(algorithm::hierarchical, big, 64, 8) ==
+        doctest::Approx(*m.allreduce_us(algorithm::ring, big, 64, 8)).epsilon(0.10));
+  // the flat tree over 64 nodes of 8 (block placement) sends many tree
+  // edges through one node's link: far slower than the ring at large sizes
+  CHECK(dpkit::cost_model::tree_crossing_edges(512, 8) > 8);
+  CHECK(*m.allreduce_us(algorithm::tree, big, 64, 8) > 4 * *m.allreduce_us(algorithm::ring, big, 64, 8));
 }
