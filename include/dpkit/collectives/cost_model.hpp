@@ -29,8 +29,8 @@
 /// - shm1 (one node): copy S in, one step, reduce (L-1) x S.
 /// - shm2 (one node): copy (L-1)/L of S in, step, reduce (L-1) x S/L, step,
 ///   copy (L-1)/L of S out.
-/// - hier (N > 1, L ranks per node, shared memory inside): per chunk of the
-///   node's buffer, shm2's first half, the all-reduce of S/L bytes among N
+/// - hier (N > 1, L ranks per node, shared memory inside): per chunk
+///   (hier_chunk_bytes, at most the node's buffer), shm2's first half, the all-reduce of S/L bytes among N
 ///   nodes by each of the L local ranks at once (they share the node's link:
 ///   a ring moves 2(N-1)/N x S through it, a tree k x S with k =
 ///   tree_crossing_edges(N, 1)), and shm2's second half.

@@ -166,9 +166,17 @@ inline void nccl_settle(ncclComm_t c, ncclResult_t r, deadline d, const std::str
     else std::this_thread::sleep_for(std::chrono::microseconds(spin < 1024 ? 10 : 200));
   }
 }
-} // namespace detail
 
-namespace detail {
+/// nccl_settle for a communicator c that nothing owns yet: aborts c (when
+/// not null) before the exception leaves.
+inline void nccl_settle_or_abort(ncclComm_t c, ncclResult_t r, deadline d, const std::string& what) {
+  try {
+    nccl_settle(c, r, d, what);
+  } catch (...) {
+    if (c) (void)ncclCommAbort(c);
+    throw;
+  }
+}
 
 struct nccl_channel {
   ncclComm_t comm = nullptr;
@@ -368,13 +376,8 @@ public:
     const std::string what = "nccl::init_rank: ncclCommInitRankConfig(rank " + std::to_string(rank) + " of " +
                              std::to_string(nranks) + ")";
     const deadline d = deadline_after(o.native_timeout);
-    const ncclResult_t r = ncclCommInitRankConfig(&c, nranks, idc, rank, &cfg);
-    try {
-      detail::nccl_settle(c, r, d, what);
-    } catch (...) {
-      if (c) (void)ncclCommAbort(c);
-      throw;
-    }
+    const ncclResult_t r = ncclCommInitRankConfig(&c, nranks, idc, rank, &cfg); // sets c: call it first
+    detail::nccl_settle_or_abort(c, r, d, what);
     return nccl(c, true, nullptr, o);
   }
 
@@ -494,12 +497,8 @@ private:
     if (!comm) throw invalid_argument("nccl: null ncclComm_t");
     // a non-blocking communicator may still be forming (on failure it is
     // aborted, before this state owns it)
-    try {
-      detail::nccl_settle(comm, ncclInProgress, deadline_after(o.native_timeout), "nccl: forming the communicator");
-    } catch (...) {
-      (void)ncclCommAbort(comm);
-      throw;
-    }
+    detail::nccl_settle_or_abort(comm, ncclInProgress, deadline_after(o.native_timeout),
+                                 "nccl: forming the communicator");
     s.comm = comm;
     s.owns_comm = owns;
     s.native_timeout = o.native_timeout;
@@ -550,9 +549,8 @@ private:
         s.settle(s.comm, sr, d, what);
         if (c) {
           try {
-            detail::nccl_settle(c, ncclInProgress, d, what);
+            detail::nccl_settle_or_abort(c, ncclInProgress, d, what);
           } catch (...) {
-            (void)ncclCommAbort(c);
             s.abort();
             throw;
           }

@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +23,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <strings.h> // strcasecmp (POSIX)
 
 #if defined(__linux__)
 #include <linux/futex.h>
@@ -223,11 +224,10 @@ inline std::size_t shm_bytes_from_env(std::size_t fallback) {
 /// empty, 0, false, no, off or anything else.
 inline bool mca_bool_true(const char* value) noexcept {
   if (!value || !*value) return false;
-  std::string v(value);
-  for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  if (v == "true" || v == "yes" || v == "on") return true;
+  for (const char* yes : {"true", "yes", "on"})
+    if (strcasecmp(value, yes) == 0) return true;
   char* end = nullptr;
-  const long n = std::strtol(v.c_str(), &end, 10);
+  const long n = std::strtol(value, &end, 10);
   return end && *end == '\0' && n != 0;
 }
 
