@@ -1,8 +1,13 @@
-"""Run under mpirun by test_distributed.py: `python dist_worker.py CASE`.
-Prints one JSON line per rank ("RESULT {...}") for the test to check; any
-failed check raises (non-zero exit)."""
+"""Run under mpirun by test_distributed.py: `python dist_worker.py CASE OUTDIR`.
+Writes one JSON file per rank (OUTDIR/rank<R>.json, written whole and then
+renamed into place) for the test to check; any failed check raises (non-zero
+exit). Files, not stdout: mpirun forwards each rank's stdout in chunks, and a
+long line of one rank can be cut by another rank's output (CI saw two RESULT
+lines joined)."""
 import datetime
 import json
+import os
+import pathlib
 import sys
 import time
 
@@ -191,11 +196,14 @@ def case_timeout():
 
 
 def main():
-    case = sys.argv[1]
+    case, outdir = sys.argv[1], pathlib.Path(sys.argv[2])
     timeout = datetime.timedelta(seconds=2 if case in ("timeout", "errors") else 120)
     dpkit.distributed.init_process_group("dpkit", timeout=timeout)
     result = globals()["case_" + case]()
-    print("RESULT " + json.dumps({"rank": dist.get_rank(), **result}), flush=True)
+    rank = dist.get_rank()
+    tmp = outdir / f"rank{rank}.json.tmp"
+    tmp.write_text(json.dumps({"rank": rank, **result}))
+    os.replace(tmp, outdir / f"rank{rank}.json")
 
 
 if __name__ == "__main__":

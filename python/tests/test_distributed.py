@@ -18,33 +18,34 @@ pytestmark = pytest.mark.skipif(not dpkit.distributed.available() or mpirun_cmd(
                                 reason="the backend was built without torch/MPI, or no mpirun")
 
 
-def run(case, np, env, timeout=240):
-    cmd = mpirun_cmd(np) + [sys.executable, str(WORKER), case]
+def run(case, np, env, outdir, timeout=240):
+    """Runs dist_worker.py CASE on `np` ranks; returns each rank's result
+    (from the files the ranks write, ordered by rank)."""
+    cmd = mpirun_cmd(np) + [sys.executable, str(WORKER), case, str(outdir)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    results = sorted((json.loads(l[len("RESULT "):]) for l in p.stdout.splitlines() if l.startswith("RESULT ")),
-                     key=lambda d: d["rank"])
-    assert p.returncode == 0 and len(results) == np, p.stdout[-3000:] + p.stderr[-3000:]
-    return results
+    files = sorted(outdir.glob("rank*.json"))
+    assert p.returncode == 0 and len(files) == np, p.stdout[-3000:] + p.stderr[-3000:]
+    return sorted((json.loads(f.read_text()) for f in files), key=lambda d: d["rank"])
 
 
 @pytest.mark.parametrize("np", [2, 3])
-def test_collectives(np, mpi_env):
-    res = run("collectives", np, mpi_env)
+def test_collectives(np, mpi_env, tmp_path):
+    res = run("collectives", np, mpi_env, tmp_path)
     assert all(r["checked"] > 100 for r in res)
 
 
-def test_ddp_equals_gloo(mpi_env):
+def test_ddp_equals_gloo(mpi_env, tmp_path):
     """The same model, data and seeds: DDP over "dpkit" and over "gloo" give
     the same losses and parameters, bit for bit (2 ranks: a sum of two is
     exact in any order)."""
-    for r in run("ddp", 2, mpi_env):
+    for r in run("ddp", 2, mpi_env, tmp_path):
         assert r["dpkit"] == r["gloo"]
         assert r["params_equal"], r["max_param_diff"]
         assert r["dpkit"][-1] < r["dpkit"][0] + 0.1
 
 
-def test_errors(mpi_env):
-    for r in run("errors", 2, mpi_env):
+def test_errors(mpi_env, tmp_path):
+    for r in run("errors", 2, mpi_env, tmp_path):
         assert r["noncontiguous"].startswith("InvalidArgument") and "not contiguous" in r["noncontiguous"]
         assert r["band"].startswith("InvalidArgument") and "reduce op" in r["band"]
         # sizes 4 and 8: both ranks raise, naming both calls; never a result
@@ -53,8 +54,8 @@ def test_errors(mpi_env):
         assert r["after"].startswith("CommunicatorError") and "failed earlier" in r["after"]
 
 
-def test_timeout(mpi_env):
-    r0 = run("timeout", 2, mpi_env)[0]
+def test_timeout(mpi_env, tmp_path):
+    r0 = run("timeout", 2, mpi_env, tmp_path)[0]
     assert r0["timeout"].startswith("TimeoutError") and "rank 1" in r0["timeout"], r0
     assert 1.9 < r0["elapsed_s"] < 4.0
 
