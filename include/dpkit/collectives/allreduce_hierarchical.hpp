@@ -5,12 +5,12 @@
 /// all-reduce and of Open MPI's coll/han.
 ///
 /// All-reduce, uniform layout (every node has L ranks) with host tensors:
-/// per chunk of the node's shared buffer, the node's ranks reduce-scatter the
-/// chunk through shared memory (local rank l reduces slice l, in local rank
+/// per chunk (hier_chunk_max_bytes_default, 1 MiB, at most the node's shared
+/// buffer), the node's ranks reduce-scatter the chunk through shared memory (local rank l reduces slice l, in local rank
 /// order), each local rank all-reduces its slice with the ranks of the same
 /// local rank on the other nodes (cross_transport(): recursive doubling or
-/// tree for small slices, ring for large), and the node's ranks all-gather the slices through
-/// shared memory. Each node then sends 2(N-1)/N of the message over the
+/// tree for small slices, ring for large), and the node's ranks all-gather
+/// the slices through shared memory; one chunk's stages overlap the next's. Each node then sends 2(N-1)/N of the message over the
 /// network (N nodes), the minimum for an all-reduce, where a flat ring over
 /// the N x L ranks sends 2(NL-1)/(NL) of it through each node's link. Other
 /// layouts (nodes of different sizes) and device tensors go through one

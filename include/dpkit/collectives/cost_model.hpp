@@ -30,10 +30,11 @@
 /// - shm2 (one node): copy (L-1)/L of S in, step, reduce (L-1) x S/L, step,
 ///   copy (L-1)/L of S out.
 /// - hier (N > 1, L ranks per node, shared memory inside): per chunk
-///   (hier_chunk_bytes, at most the node's buffer), shm2's first half, the all-reduce of S/L bytes among N
-///   nodes by each of the L local ranks at once (they share the node's link:
-///   a ring moves 2(N-1)/N x S through it, a tree k x S with k =
-///   tree_crossing_edges(N, 1)), and shm2's second half.
+///   (hier_chunk_bytes, at most the node's buffer), shm2's first half, the
+///   all-reduce of S/L bytes among N nodes by each of the L local ranks at
+///   once (they share the node's link: a ring moves 2(N-1)/N x S through
+///   it, a tree k x S with k = tree_crossing_edges(N, 1)), and shm2's
+///   second half.
 /// Not modelled: native collectives (their algorithm is MPI's choice),
 /// contention beyond one node's link, cores shared by several ranks.
 #pragma once
@@ -69,7 +70,8 @@ struct cost_model {
   /// down). 0 when every rank is on one node. E.g. 2x2: 2 (0-2, 1-3); 3x2:
   /// 3 (node 0 holds ranks 0 and 1: edges 0-2, 1-3, 1-4); N x 1: a rank's
   /// degree, 3 for an interior rank with two children.
-  /// @pre p >= 1, L >= 1.
+  /// @return a count of tree edges (not bytes); 0 for p <= 1 or L < 1.
+  /// Throws only std::bad_alloc (one counter per node).
   static int tree_crossing_edges(int p, int L) {
     if (p <= 1 || L < 1) return 0;
     const int nodes = (p + L - 1) / L;

@@ -254,9 +254,10 @@ inline bool shm_oversubscribed(int world_size) noexcept {
 
 /// How many pause-spins a wait does before it yields: 256 when the ranks
 /// have cores of their own, none when they share them (`share_cores`): a
-/// spinning rank would keep the core from the rank it waits for. On the emulated 2x2 cluster (4 ranks on 2 cores,
-/// each node's 2 ranks seeing 2 cores) the spins cost the hierarchy's small
-/// path about 4 us of its 25-30 us (benchmarks/results/2026-11-26-cluster-layouts.md).
+/// spinning rank would keep the core from the rank it waits for. On the
+/// emulated 2x2 cluster (4 ranks on 2 cores, each node's 2 ranks seeing 2
+/// cores) the spins cost the hierarchy's small path about 4 us of its
+/// 25-30 us (benchmarks/results/2026-11-26-cluster-layouts.md).
 inline int shm_spins_before_yield(bool share_cores) noexcept { return share_cores ? 0 : 256; }
 
 /// shm_spins_before_yield for a world of `world_size` ranks on this node
