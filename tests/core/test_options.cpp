@@ -37,6 +37,62 @@ TEST_CASE("collective_options: defaults, equality, printing, deadline") {
   CHECK(d - dpkit::clock::now() <= std::chrono::milliseconds(500));
 }
 
+TEST_CASE("DPKIT_TIMEOUT parser: seconds > 0 and >= 1 ms; anything else is an error naming the variable and the value") {
+  using namespace std::chrono_literals;
+  using dpkit::detail::parse_timeout_seconds;
+  const auto fallback = dpkit::default_timeout;
+  CHECK(parse_timeout_seconds("30", fallback) == 30000ms);
+  CHECK(parse_timeout_seconds("0.25", fallback) == 250ms);
+  CHECK(parse_timeout_seconds("1e3", fallback) == 1000000ms);
+  CHECK(parse_timeout_seconds("0.001", fallback) == 1ms);  // the minimum
+  CHECK(parse_timeout_seconds("0.0015", fallback) == 2ms); // rounded to the nearest ms
+  CHECK(parse_timeout_seconds("1e9", fallback) == std::chrono::milliseconds(1'000'000'000'000LL)); // the maximum
+  CHECK(parse_timeout_seconds(nullptr, fallback) == fallback); // unset
+  CHECK(parse_timeout_seconds("", fallback) == fallback);      // set to nothing
+  CHECK(dpkit::default_timeout == 1800000ms);
+  // Never a silent fallback: each was 30 minutes (or a 0 ms deadline) before.
+  for (const char* bad : {"abc", "-1", "-5", "0", "0.0", "nan", "NaN", "inf", "-inf", "10s", "30 ", " 30", "1,5", "0x10",
+                          "1e400", "--1"}) {
+    const std::string value = bad;
+    CAPTURE(value);
+    CHECK_THROWS_WITH_AS(parse_timeout_seconds(bad, fallback),
+                         doctest::Contains(("DPKIT_TIMEOUT: expected seconds > 0, got '" + std::string(bad) + "'").c_str()),
+                         dpkit::invalid_argument);
+  }
+  for (const char* tiny : {"1e-9", "0.0009", "0.0004"}) {
+    const std::string value = tiny;
+    CAPTURE(value);
+    CHECK_THROWS_WITH_AS(parse_timeout_seconds(tiny, fallback),
+                         doctest::Contains(("DPKIT_TIMEOUT: '" + std::string(tiny) + "' seconds is below the minimum of 0.001 s").c_str()),
+                         dpkit::invalid_argument);
+  }
+  for (const char* huge : {"1e10", "1e300"}) {
+    const std::string value = huge;
+    CAPTURE(value);
+    CHECK_THROWS_WITH_AS(parse_timeout_seconds(huge, fallback), doctest::Contains("is above the maximum of 1e9 s"),
+                         dpkit::invalid_argument);
+  }
+  // the variable's name is the caller's
+  CHECK_THROWS_WITH_AS(parse_timeout_seconds("x", fallback, "MY_TIMEOUT"), "MY_TIMEOUT: expected seconds > 0, got 'x'",
+                       dpkit::invalid_argument);
+}
+
+TEST_CASE("DPKIT_CHECK parser: exactly 0, 1 or 2; anything else is an error naming the variable and the value") {
+  using dpkit::detail::parse_check_level;
+  CHECK(parse_check_level("0", 1) == 0);
+  CHECK(parse_check_level("1", 0) == 1);
+  CHECK(parse_check_level("2", 1) == 2);
+  CHECK(parse_check_level(nullptr, 1) == 1);
+  CHECK(parse_check_level("", 1) == 1);
+  for (const char* bad : {"3", "-1", "yes", "on", "full", "10", "1 ", " 1", "01"}) {
+    const std::string value = bad;
+    CAPTURE(value);
+    CHECK_THROWS_WITH_AS(parse_check_level(bad, 1),
+                         doctest::Contains(("DPKIT_CHECK: expected 0 (off), 1 (tags) or 2 (full), got '" + std::string(bad) + "'").c_str()),
+                         dpkit::invalid_argument);
+  }
+}
+
 TEST_CASE("algorithm: names and parsing") {
   using dpkit::algorithm;
   CHECK(dpkit::parse_algorithm("auto") == algorithm::automatic);

@@ -2,11 +2,17 @@
 /// @brief Collective options and the deadline clock shared by all algorithms.
 #pragma once
 
+#include "errors.hpp"
+
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdlib>
 #include <ostream>
 #include <string>
+#include <string_view>
+#include <system_error>
 
 namespace dpkit {
 
@@ -20,15 +26,54 @@ using deadline = clock::time_point;
 inline constexpr std::chrono::milliseconds default_timeout{30 * 60 * 1000};
 
 namespace detail {
-/// Parses a timeout in seconds (decimal, > 0, e.g. "30" or "0.5"); returns
-/// `fallback` for null, empty, non-numeric or non-positive text.
-inline std::chrono::milliseconds parse_timeout_seconds(const char* s, std::chrono::milliseconds fallback) {
+/// Shortest deadline a timeout in seconds may give: 1 ms (0.001 s). A shorter
+/// one would round to 0 ms and fail healthy calls.
+inline constexpr double min_timeout_seconds = 0.001;
+/// Longest timeout in seconds accepted (about 31.7 years): "wait
+/// practically forever" fits, while the deadline clock::now() + timeout
+/// cannot overflow.
+inline constexpr double max_timeout_seconds = 1e9;
+
+/// Parses a timeout given in seconds by the environment variable `name`
+/// (decimal or scientific notation, e.g. "30", "0.5", "1e3"; no sign, no
+/// unit, nothing after the number) into whole milliseconds, rounded to the
+/// nearest. Null or empty text (the variable unset or set to nothing) gives
+/// `fallback`.
+/// @param s        the variable's value, or nullptr.
+/// @param fallback returned for null or empty text.
+/// @param name     the variable, named in the messages (e.g. "DPKIT_TIMEOUT").
+/// @returns at least 1 ms.
+/// @throws dpkit::invalid_argument naming the variable and the value for text
+///         that is not a number, NaN, infinity, zero or negative ("DPKIT_TIMEOUT:
+///         expected seconds > 0, got 'abc'"), a value below
+///         min_timeout_seconds ("DPKIT_TIMEOUT: '1e-9' seconds is below the
+///         minimum of 0.001 s (1 ms)") or above max_timeout_seconds. Never a
+///         silent fallback.
+inline std::chrono::milliseconds parse_timeout_seconds(const char* s, std::chrono::milliseconds fallback,
+                                                       std::string_view name = "DPKIT_TIMEOUT") {
   if (!s || !*s) return fallback;
-  char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  if (end == s || *end != '\0' || !(v > 0) || v > 1e9) return fallback;
+  const std::string_view text(s);
+  const std::string got = std::string(name) + ": '" + std::string(text) + "' seconds";
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || !(v > 0))
+    throw invalid_argument(std::string(name) + ": expected seconds > 0, got '" + std::string(text) + "'");
+  if (v < min_timeout_seconds) throw invalid_argument(got + " is below the minimum of 0.001 s (1 ms)");
+  if (v > max_timeout_seconds) throw invalid_argument(got + " is above the maximum of 1e9 s");
   return std::chrono::milliseconds(static_cast<long long>(v * 1000.0 + 0.5));
 }
+
+/// Parses a checking level given by the environment variable `name`: exactly
+/// "0" (off), "1" (tags) or "2" (full). Null or empty text gives `fallback`.
+/// @throws dpkit::invalid_argument naming the variable and the value for
+///         anything else ("DPKIT_CHECK: expected 0 (off), 1 (tags) or 2
+///         (full), got 'yes'"). Never a silent fallback.
+inline int parse_check_level(const char* s, int fallback, std::string_view name = "DPKIT_CHECK") {
+  if (!s || !*s) return fallback;
+  if (s[0] >= '0' && s[0] <= '2' && s[1] == '\0') return s[0] - '0';
+  throw invalid_argument(std::string(name) + ": expected 0 (off), 1 (tags) or 2 (full), got '" + s + "'");
+}
+
 inline bool parse_flag(const char* s, bool fallback) {
   if (!s || !*s) return fallback;
   const std::string v(s);
@@ -40,21 +85,26 @@ inline bool parse_flag(const char* s, bool fallback) {
 
 /// The default deadline of every collective: the environment variable
 /// DPKIT_TIMEOUT (seconds, like NCCL_TIMEOUT / torch's `timeout`; e.g.
-/// DPKIT_TIMEOUT=30), else default_timeout (30 min). Read once per process, at
-/// the first call (the environment is process-wide state).
+/// DPKIT_TIMEOUT=30; at least 0.001), else default_timeout (30 min). Read once
+/// per process, at the first call (the environment is process-wide state).
+/// @throws dpkit::invalid_argument naming the variable and its value when it
+///         is set but malformed, not positive, below 0.001 s or above 1e9 s
+///         (detail::parse_timeout_seconds), at every call: it is the default
+///         of collective_options::timeout (and of the transports' setup
+///         timeouts), so the first collective_options constructed throws it.
 inline std::chrono::milliseconds env_default_timeout() {
   static const std::chrono::milliseconds v = detail::parse_timeout_seconds(std::getenv("DPKIT_TIMEOUT"), default_timeout);
   return v;
 }
 
 /// The checking level (collective_options::check) from DPKIT_CHECK: 0 off,
-/// 1 tags (the default), 2 full. Read once per process.
+/// 1 tags (the default, also when unset or empty), 2 full. Read once per
+/// process.
+/// @throws dpkit::invalid_argument naming the variable and its value for any
+///         other value (detail::parse_check_level), at every call: the first
+///         collective_options constructed throws it.
 inline int env_check() {
-  static const int v = [] {
-    const char* s = std::getenv("DPKIT_CHECK");
-    if (s && s[0] >= '0' && s[0] <= '2' && s[1] == '\0') return s[0] - '0';
-    return 1;
-  }();
+  static const int v = detail::parse_check_level(std::getenv("DPKIT_CHECK"), 1);
   return v;
 }
 
