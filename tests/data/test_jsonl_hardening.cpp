@@ -1,6 +1,7 @@
 // The JSONL index on the unhappy path: damaged offsets whatever the
 // checksums say, a source changed with its size and mtime restored, an index
-// path that is not a regular file, a build killed with SIGKILL.
+// path that is not a regular file, a FIFO as the source or index to read, a
+// build killed with SIGKILL.
 #include "data_test_util.hpp"
 
 #include <dpkit/data.hpp>
@@ -8,7 +9,10 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <functional>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -281,6 +285,107 @@ TEST_CASE("jsonl_index hardening: an index path that is not a regular file is re
   const fs::path reg = dir / "regular.idx";
   data_test::write_file(reg, "old");
   CHECK(dpkit::build_jsonl_index(src, reg).lines == 2);
+  fs::remove_all(dir);
+}
+
+namespace {
+
+/// Runs `open` (which must not block: it opens something that is or leads to
+/// the FIFO `fifo`) on another thread and returns "<type>: <what>" of the
+/// exception it throws ("no exception" if none). If it has not returned
+/// within 10 s it is blocked in open(2) waiting for a writer: the check fails,
+/// and the FIFO is opened for writing to release it, so a regression fails
+/// instead of hanging the suite (std::abort if even that does not help).
+std::string open_within_deadline(const fs::path& fifo, const std::function<void()>& open) {
+  auto task = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      open();
+      return "no exception";
+    } catch (const dpkit::invalid_argument& e) {
+      return std::string("invalid_argument: ") + e.what();
+    } catch (const std::exception& e) {
+      return std::string("other: ") + e.what();
+    }
+  });
+  if (task.wait_for(std::chrono::seconds(10)) == std::future_status::ready) return task.get();
+  FAIL_CHECK("still blocked after 10 s: open(2) of the FIFO '" << fifo.string() << "' waits for a writer");
+  for (int i = 0; i < 100 && task.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready; ++i) {
+    const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC); // succeeds once the reader waits
+    if (w >= 0) ::close(w);
+  }
+  if (task.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    std::fprintf(stderr, "the open of '%s' could not be released; aborting\n", fifo.c_str());
+    std::abort();
+  }
+  return "blocked: " + task.get();
+}
+
+/// Expects `open` to throw dpkit::invalid_argument naming `named` as a FIFO,
+/// without blocking.
+void expect_fifo_refused(const fs::path& fifo, const fs::path& named, const std::function<void()>& open) {
+  const std::string got = open_within_deadline(fifo, open);
+  CAPTURE(got);
+  CHECK(got.rfind("invalid_argument: ", 0) == 0);
+  CHECK(got.find("'" + named.string() + "' is a FIFO, not a regular file") != std::string::npos);
+}
+
+} // namespace
+
+TEST_CASE("jsonl_index hardening: a FIFO as the source or the index to read is refused at once, never waited on") {
+  const fs::path dir = fresh_dir("fifos");
+  const fs::path src = dir / "src.jsonl";
+  data_test::write_file(src, "{\"a\": 1}\n{\"a\": 2}\n");
+  const fs::path idx = dir / "src.jsonl.idx";
+  REQUIRE(dpkit::build_jsonl_index(src, idx).lines == 2);
+  const fs::path fifo = dir / "fifo.jsonl";
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  const fs::path link = dir / "link-to-fifo.jsonl";
+  fs::create_symlink(fifo, link);
+
+  SUBCASE("mapped_file") {
+    expect_fifo_refused(fifo, fifo, [&] { dpkit::mapped_file m(fifo); });
+    expect_fifo_refused(fifo, link, [&] { dpkit::mapped_file m(link); });
+  }
+  SUBCASE("the source of jsonl_index::open, its index regular") {
+    dpkit::jsonl_index_open_options o;
+    o.index_path = idx;
+    expect_fifo_refused(fifo, fifo, [&] { (void)dpkit::jsonl_index::open(fifo, o); });
+    expect_fifo_refused(fifo, link, [&] { (void)dpkit::jsonl_index::open(link, o); });
+  }
+  SUBCASE("the index of jsonl_index::open, given or by default, also with rebuild_if_stale") {
+    dpkit::jsonl_index_open_options o;
+    o.index_path = fifo;
+    expect_fifo_refused(fifo, fifo, [&] { (void)dpkit::jsonl_index::open(src, o); });
+    o.rebuild_if_stale = true; // a FIFO index is neither read nor replaced
+    expect_fifo_refused(fifo, fifo, [&] { (void)dpkit::jsonl_index::open(src, o); });
+    const fs::path src2 = dir / "other.jsonl";
+    data_test::write_file(src2, "{\"a\": 3}\n");
+    const fs::path default_idx = dpkit::default_index_path(src2);
+    REQUIRE(::mkfifo(default_idx.c_str(), 0644) == 0);
+    expect_fifo_refused(default_idx, default_idx, [&] { (void)dpkit::jsonl_index::open(src2); });
+    CHECK(S_ISFIFO(lstat_of(default_idx).mode));
+  }
+  SUBCASE("the source of build_jsonl_index and verify_jsonl_index") {
+    expect_fifo_refused(fifo, fifo, [&] { (void)dpkit::build_jsonl_index(fifo, dir / "built.idx"); });
+    CHECK_FALSE(fs::exists(dir / "built.idx"));
+    dpkit::jsonl_index_verify_options v;
+    v.index_path = idx;
+    expect_fifo_refused(fifo, fifo, [&] { (void)dpkit::verify_jsonl_index(fifo, v); });
+    v.index_path = fifo;
+    expect_fifo_refused(fifo, fifo, [&] { (void)dpkit::verify_jsonl_index(src, v); });
+  }
+  SUBCASE("read_line after the source was replaced by a FIFO") {
+    const auto opened = dpkit::jsonl_index::open(src);
+    const fs::path moved = dir / "src.moved";
+    fs::rename(src, moved);
+    REQUIRE(::mkfifo(src.c_str(), 0644) == 0);
+    std::string line;
+    const std::string got = open_within_deadline(src, [&] { opened.read_line(0, line); });
+    CAPTURE(got);
+    CHECK(got.find("is another file than the one opened") != std::string::npos);
+    fs::remove(src);
+    fs::rename(moved, src);
+  }
   fs::remove_all(dir);
 }
 

@@ -565,7 +565,8 @@ private:
 /// @throws dpkit::invalid_argument, before reading anything, if `index_path`
 ///         exists and is not a regular file (device, FIFO, directory, socket,
 ///         symbolic link): it is never replaced; also for a column name longer
-///         than 15 bytes.
+///         than 15 bytes, and when `source` is not a regular file (a FIFO is
+///         refused without opening it: never a wait for a writer).
 /// @throws build_cancelled if the progress callback returns false or the stop
 ///         token fires (no index and no temporary file are left behind).
 /// @throws dpkit::format_error naming the source and the 1-based line number

@@ -65,7 +65,10 @@ public:
   ///         (truncated, bad magic, version, checksum, layout);
   ///         dpkit::stale_index_error (a format_error) naming both files and
   ///         what differs when the source changed (unless rebuild_if_stale);
-  ///         dpkit::error when a file cannot be opened (errno text).
+  ///         dpkit::invalid_argument naming the path and its type when the
+  ///         source or the index is not a regular file (a FIFO, a directory,
+  ///         a device: refused without opening it, so never a wait for a
+  ///         writer); dpkit::error when a file cannot be opened (errno text).
   [[nodiscard]] static jsonl_index open(const std::filesystem::path& source, const jsonl_index_open_options& options = {}) {
     const std::filesystem::path ipath = options.index_path.empty() ? default_index_path(source) : options.index_path;
     if (options.rebuild_if_stale) {
@@ -292,17 +295,22 @@ private:
     pread_files& f = *files_;
     std::call_once(f.once, [&] {
       const auto open_same = [&](const mapped_file& m, detail::fd_guard& fd) {
-        fd = detail::fd_guard(::open(m.path().c_str(), O_RDONLY | O_CLOEXEC));
+        // O_NONBLOCK: the path may have been replaced by a FIFO since, whose
+        // open would wait for a writer; the identity check below refuses it.
+        fd = detail::fd_guard(::open(m.path().c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
         struct stat st {};
         if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0) {
           f.error = detail::errno_message("jsonl_index::read_line: cannot open", m.path(), errno);
           return false;
         }
-        if (static_cast<std::uint64_t>(st.st_dev) != m.device() || static_cast<std::uint64_t>(st.st_ino) != m.inode()) {
+        if (!S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_dev) != m.device() ||
+            static_cast<std::uint64_t>(st.st_ino) != m.inode()) {
           f.error = "jsonl_index::read_line: '" + m.path().string() + "' is another file than the one opened (replaced since); reopen the index";
           f.stale = true;
           return false;
         }
+        const int flags = ::fcntl(fd.get(), F_GETFL);
+        if (flags >= 0) ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
         return true;
       };
       if (open_same(source_, f.source)) open_same(index_, f.index);

@@ -33,7 +33,9 @@ struct jsonl_index_verify_options {
 /// value of the length column.
 /// @returns the number of index lines.
 /// @throws dpkit::format_error / stale_index_error naming the file and the
-///         first difference (line number, expected and found values).
+///         first difference (line number, expected and found values);
+///         dpkit::invalid_argument when the source or the index is not a
+///         regular file (as jsonl_index::open).
 inline std::uint64_t verify_jsonl_index(const std::filesystem::path& source, const jsonl_index_verify_options& options = {}) {
   jsonl_index_open_options o;
   o.index_path = options.index_path;

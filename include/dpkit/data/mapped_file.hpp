@@ -59,40 +59,33 @@ public:
   /// An empty object mapping nothing.
   mapped_file() noexcept = default;
 
-  /// Opens and maps `path` read-only.
-  /// @param path   file to map (any size, including 0 bytes).
+  /// Opens and maps `path` read-only. Never blocks in open(2): a FIFO (or any
+  /// other file that is not a regular file) is refused before it is opened.
+  /// @param path   file to map (any size, including 0 bytes); symbolic links
+  ///               are followed.
   /// @param advice madvise(2) hint applied to the whole mapping.
-  /// @throws dpkit::error naming the path and errno (strerror) if the file
-  ///         cannot be opened, stat'ed or mapped, or is not a regular file.
+  /// @throws dpkit::invalid_argument "mapped_file: 'P' is a FIFO, not a regular
+  ///         file" (or a directory, a character device, ...);
+  ///         dpkit::error naming the path and errno (strerror) if the file
+  ///         cannot be opened, stat'ed or mapped.
   explicit mapped_file(const std::filesystem::path& path, access_advice advice = access_advice::normal) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw error(detail::errno_message("mapped_file: cannot open", path, errno));
     struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const int err = errno;
-      ::close(fd);
-      throw error(detail::errno_message("mapped_file: cannot stat", path, err));
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw error("mapped_file: '" + path.string() + "' is not a regular file");
-    }
+    const detail::fd_guard fd = detail::open_regular_file(path, "mapped_file", st);
     size_ = static_cast<std::size_t>(st.st_size);
     mtime_ns_ = detail::mtime_ns(st);
     ctime_ns_ = detail::ctime_ns(st);
     device_ = static_cast<std::uint64_t>(st.st_dev);
     inode_ = static_cast<std::uint64_t>(st.st_ino);
     if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
       if (p == MAP_FAILED) {
         const int err = errno;
-        ::close(fd);
         size_ = 0;
         throw error(detail::errno_message("mapped_file: cannot mmap", path, err));
       }
       data_ = static_cast<const char*>(p);
     }
-    ::close(fd); // the mapping keeps its own reference to the file
+    // fd closes at the end of the constructor; the mapping keeps its own reference to the file
     advise(advice);
   }
 

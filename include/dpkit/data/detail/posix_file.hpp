@@ -1,7 +1,7 @@
 /// @file posix_file.hpp
 /// @brief Internal: POSIX file helpers shared by mapped_file.hpp and the JSONL
 /// index builder (errno messages, stat times, file type names, an RAII
-/// descriptor, full writes).
+/// descriptor, opening a regular file without blocking, full writes).
 /// Never include directly.
 #pragma once
 
@@ -17,6 +17,7 @@
 #include <string_view>
 #include <utility>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -83,6 +84,34 @@ public:
 private:
   int fd_;
 };
+
+/// Opens `path` read-only as a regular file without ever blocking: a FIFO
+/// (whose open(2) waits for a writer), a device, a socket or a directory is
+/// refused before it is opened (stat), and the open itself uses O_NONBLOCK,
+/// so a path replaced by a FIFO in between cannot block either (O_NONBLOCK is
+/// cleared once fstat shows a regular file). Symbolic links are followed.
+/// @param path what to open.
+/// @param what message prefix naming the caller, e.g. "mapped_file".
+/// @param st   receives the file's fstat(2).
+/// @returns the open descriptor (O_RDONLY | O_CLOEXEC).
+/// @throws dpkit::invalid_argument "<what>: '<path>' is a FIFO, not a regular
+///         file" (or a directory, character device, ...);
+///         dpkit::error "<what>: cannot open '<path>': <strerror> (errno N)"
+///         when it cannot be opened or stat'ed.
+inline fd_guard open_regular_file(const std::filesystem::path& path, std::string_view what, struct stat& st) {
+  const auto refuse = [&](mode_t mode) {
+    throw invalid_argument(std::string(what) + ": '" + path.string() + "' is a " + file_type_name(mode) +
+                           ", not a regular file");
+  };
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) refuse(st.st_mode);
+  fd_guard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) throw error(errno_message(std::string(what) + ": cannot open", path, errno));
+  if (::fstat(fd.get(), &st) != 0) throw error(errno_message(std::string(what) + ": cannot stat", path, errno));
+  if (!S_ISREG(st.st_mode)) refuse(st.st_mode);
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags >= 0) ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
 
 /// Writes all `n` bytes of `data` to `fd` (retrying short writes and EINTR).
 /// @throws dpkit::error "<what> '<path>': <strerror> (errno N)" on failure.
