@@ -38,9 +38,14 @@
 #include "detail/scratch_arena.hpp"
 #include "concept.hpp"
 #include "detail/health.hpp"
+#include "detail/shm_mapping.hpp"
 #include "detail/shm_segment.hpp"
 
 #include <mpi.h>
+
+#include <cerrno>
+#include <csignal>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -118,6 +123,7 @@ struct mpi_shared {
   std::vector<MPI_Request> notice_sends;
   shm_segment* shm = nullptr;          // the shared segment, if any (its abort words)
   mpi_shared* parent = nullptr;        // the transport whose hierarchy this one serves (node or cross)
+  bool abandoned = false;              // its destructor left the collective frees to MPI (~mpi)
 
   /// Takes one pending fault notice from `source` (MPI_ANY_SOURCE: any) with
   /// a matched probe (MPI_Improbe + MPI_Mrecv), so two threads polling one
@@ -190,7 +196,12 @@ struct mpi_shared {
     // This rank waits: put its current call in the shared segment, where a
     // peer waiting in a shm collective reads it (collective_scope publishes
     // nothing for calls that never wait).
-    if (shm) shm->publish(health.current());
+    if (shm) {
+      const fingerprint mine = health.current();
+      shm->publish(mine);
+      check_alive();
+      check_published(mine);
+    }
     if (mpi_notice n; take_notice(MPI_ANY_SOURCE, n)) on_notice(n);
     if (parent) parent->poll_notices();
     if (!is_checked_tag(my_tag)) return;
@@ -198,6 +209,36 @@ struct mpi_shared {
     MPI_Status st;
     MPI_Iprobe(peer >= 0 ? peer : MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, &st);
     if (flag && foreign_tag(my_tag, st.MPI_TAG)) on_foreign(st.MPI_SOURCE, st.MPI_TAG);
+  }
+  /// On one node: a peer whose process has ended (killed, _exit, or gone
+  /// after MPI_Finalize) will never answer; fail now with peer_error naming
+  /// it instead of waiting for the deadline (kill(pid, 0) per peer, about a
+  /// microsecond each, from waits that have lasted a millisecond).
+  void check_alive() {
+    for (int p = 0; p < size; ++p) {
+      const int pid = p == rank ? 0 : shm->control(p).pid.load(std::memory_order_relaxed);
+      if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+      const std::string what = "rank " + std::to_string(p) + " (process " + std::to_string(pid) +
+                               " on this node) has ended without leaving the collective";
+      fail_and_notify(what, 1);
+      throw peer_error("mpi: rank " + std::to_string(rank) + " stops: " + what);
+    }
+  }
+  /// On one node: a peer that waits too publishes its call in the segment;
+  /// one at this call's sequence number and stream running another call is
+  /// a mismatch even when no message of it can reach this rank (a tree
+  /// all-reduce's root waits to receive from its child while the child, in a
+  /// broadcast, waits to receive from the root: neither sends).
+  void check_published(const fingerprint& mine) {
+    if (!mine.valid) return;
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      const fingerprint theirs = shm->published(p);
+      if (!theirs.valid || theirs.seq != mine.seq || theirs.stream != mine.stream || theirs.same_call(mine)) continue;
+      const std::string what = mismatch_text(rank, mine, p, theirs);
+      fail_and_notify(what, 2, &mine);
+      throw mismatch_error(what);
+    }
   }
   /// Takes a pending fault notice (throws peer_error or mismatch_error), as
   /// poll() does, without looking at other messages; then the parent's.
@@ -501,23 +542,45 @@ public:
   mpi(mpi&& o) noexcept
       : comm_(o.comm_), owned_(o.owned_), rank_(o.rank_), size_(o.size_), half_ops_(o.half_ops_),
         arena_(std::move(o.arena_)), progress_(std::move(o.progress_)), sh_(std::move(o.sh_)),
-        shm_win_(o.shm_win_), shm_(std::move(o.shm_)), topo_(std::move(o.topo_)),
+        shm_(std::move(o.shm_)), shm_map_(std::move(o.shm_map_)), topo_(std::move(o.topo_)),
         inter_fragment_(o.inter_fragment_), node_(std::move(o.node_)), cross_(std::move(o.cross_)) {
     o.owned_ = false;
     o.half_ops_.fill(MPI_OP_NULL);
-    o.shm_win_ = MPI_WIN_NULL;
   }
+  /// Unmaps the shared segment and frees the duplicated communicator; never
+  /// waits for another rank (a dead or departed peer cannot keep a survivor
+  /// here) and never throws. When the transport failed earlier (a
+  /// collective threw: its requests may still be pending in MPI, a peer may
+  /// be gone) or an exception is unwinding through it, the communicator and
+  /// the memory MPI may still read or write for this transport (the fault
+  /// notices, the scratch arena) are left to MPI until the process exits
+  /// (a small leak on the failure path only); during unwinding it also sends
+  /// its peers a fault notice, so a rank waiting in a collective with it
+  /// throws peer_error within milliseconds instead of at its deadline. Does
+  /// nothing MPI-related after MPI_Finalize. The caller's own buffers are not
+  /// kept: after a failed collective, MPI may still touch them until
+  /// MPI_Finalize (docs/reliability.md).
   ~mpi() {
     progress_.reset(); // finish queued async collectives first
+    if (!sh_) return;  // moved from
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (finalized) return;
+    if (finalized) {
+      sh_->abandoned = true;
+      return;
+    }
     for (auto& op : half_ops_)
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
-    if (shm_win_ != MPI_WIN_NULL) MPI_Win_free(&shm_win_);
-    if (sh_)
-      for (auto& r : sh_->notice_sends)
-        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+    if (!healthy_teardown()) {
+      sh_->abandoned = true;
+      node_.reset(); // they see the parent abandoned
+      cross_.reset();
+      (void)sh_.release();
+      (void)arena_.release();
+      return;
+    }
+    for (auto& r : sh_->notice_sends)
+      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
     if (owned_) MPI_Comm_free(&comm_);
   }
 
@@ -552,6 +615,33 @@ public:
   /// Collective health (checked_transport): sequence numbers, current
   /// fingerprint, first failure.
   detail::comm_health& health() noexcept { return sh_->health; }
+  /// Called by every collective before anything else (collective_scope):
+  /// - a transport whose process has called MPI_Finalize cannot be used (MPI
+  ///   may not be called any more): communicator_error;
+  /// - a peer's fault notice that arrived while this rank was between
+  ///   collectives fails the transport now, before this call posts a single
+  ///   receive, so its message then names the failure (health's check:
+  ///   peer_error) and, above all, this rank never matches a send the failed
+  ///   peer abandoned: that send would otherwise go on reading the peer's
+  ///   buffer, which its caller may have freed (a segfault in MPI's
+  ///   progress). On one node it costs one atomic load (the segment's abort
+  ///   word, which a failing rank sets with its notices), elsewhere one
+  ///   MPI_Improbe.
+  /// @throws dpkit::communicator_error naming the operation and the rank.
+  void check_usable(const char* op_name) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized)
+      throw communicator_error(std::string(op_name) + ": rank " + std::to_string(rank_) +
+                               ": MPI_Finalize was called in this process; the transport cannot be used");
+    if (sh_->health.failed() || (shm_ && !shm_->aborted())) return;
+    detail::mpi_notice n;
+    if (sh_->take_notice(MPI_ANY_SOURCE, n))
+      sh_->health.fail("rank " + std::to_string(n.rank) + " reported: " +
+                       std::string(n.text, strnlen(n.text, sizeof n.text)));
+    else if (shm_) // the notice itself may still sit in the failed rank's send queue
+      sh_->health.fail("a peer's collective failed (the node's abort word is set; its notice has not arrived yet)");
+  }
   /// Fails this transport and sends a fault notice to every other rank, whose
   /// waits then throw peer_error within about a millisecond (checked_transport).
   void report_failure(const std::string& what) { sh_->fail_and_notify(what, 1); }
@@ -559,7 +649,15 @@ public:
   /// deadline and fingerprint, non-blocking or blocking, with or without the
   /// fingerprint agreement step. Calling native_* directly without it runs
   /// the blocking MPI collective, as before.
-  void begin_native(const detail::native_call& c) { sh_->call = c; }
+  /// At checking level 1 it also checks, with one small collective of a
+  /// fixed size, that every rank runs the same call (a count, op, type or
+  /// root difference is mismatch_error on every rank instead of Open MPI
+  /// aborting the job or returning disagreeing data).
+  /// @throws dpkit::mismatch_error, dpkit::timeout_error, dpkit::peer_error.
+  void begin_native(const detail::native_call& c) {
+    sh_->call = c;
+    if (c.fp.valid && c.check == 1) check_same_call(c.fp);
+  }
   /// The agreement step of collective_options::check: every rank all-gathers
   /// its fingerprint (MPI_Iallgather waited against `due`), and any
   /// difference throws mismatch_error on every rank, naming both sides.
@@ -574,9 +672,9 @@ public:
   /// Host scratch reused by this transport's collectives (internal).
   detail::scratch_arena& scratch() { return *arena_; }
   /// This rank's view of the node's shared segment (shared_memory_transport):
-  /// an MPI_Win_allocate_shared window on MPI_Comm_split_type(
-  /// MPI_COMM_TYPE_SHARED), created by the constructor when every rank of the
-  /// communicator is on this node; nullptr otherwise (or DPKIT_SHM_BYTES=0).
+  /// a POSIX shared-memory object every rank maps (created by the
+  /// constructor when every rank of the communicator is on one node, see
+  /// create_shm); nullptr otherwise (or DPKIT_SHM_BYTES=0).
   detail::shm_segment* shm() noexcept { return shm_.get(); }
   /// Takes a pending fault notice from another rank (throws peer_error or
   /// mismatch_error), looks for a message of another collective at the
@@ -668,6 +766,23 @@ public:
   }
 
 private:
+  // Whether the destructor may free what MPI may still use for this
+  // transport (the destructor's comment says when not): false after a
+  // failure, its own or its parent's, and while an exception unwinds (then
+  // the peers are told first).
+  bool healthy_teardown() noexcept {
+    if (sh_->parent) return !sh_->parent->abandoned && !sh_->health.failed();
+    if (std::uncaught_exceptions() > 0) {
+      try {
+        sh_->fail_and_notify("rank " + std::to_string(rank_) +
+                                 " left the transport: an exception unwound through its destructor",
+                             1);
+      } catch (...) {
+      }
+      return false;
+    }
+    return !sh_->health.failed();
+  }
   // A transport on a communicator of its own made by split() or for a
   // hierarchy (`parent`: the transport whose node or cross-node part it is),
   // with its layout given.
@@ -772,49 +887,63 @@ private:
     }
   }
   // The shared segment: DPKIT_SHM_BYTES (default 4 MiB) per buffer, two
-  // buffers and a control line per rank, in one MPI-3 shared window over the
-  // communicator, whose ranks are on one node (topology). Collective over
-  // comm_. Not created when the ranks span several nodes (the refinement is
-  // then unavailable at run time: node_transport() has one).
+  // buffers and a control line per rank, each rank's region on pages of its
+  // own (the owner touches them first), in one POSIX shared-memory object
+  // (shm_mapping.hpp) that rank 0 creates, every rank maps, and rank 0
+  // unlinks once all have it: nothing is left in /dev/shm after a kill, and
+  // the teardown (munmap) never waits for a peer, where an MPI-3 shared
+  // window's MPI_Win_free, and MPI_Finalize freeing it, wait for every rank,
+  // a dead one too. Collective over comm_ (whose ranks are on one node, by
+  // the topology), with every rank's outcome agreed, so a rank that cannot
+  // map it fails them all with its reason. Not created when the ranks span
+  // several nodes (the refinement is then unavailable at run time:
+  // node_transport() has one).
   void create_shm(std::size_t slot_bytes) {
     if (slot_bytes == 0) return;
-    MPI_Comm node = MPI_COMM_NULL;
-    detail::mpi_check(MPI_Comm_dup(comm_, &node), "MPI_Comm_dup", rank_);
-    // MPI only promises the window's natural alignment (Open MPI's osc/sm
-    // hands out segments at offsets such as 0x108 under some builds), so ask
-    // for 64 bytes more and start each rank's region at its next 64-byte
-    // boundary. Mappings are page-aligned, so every process finds the same
-    // boundary in a peer's segment.
-    const std::size_t region = detail::shm_region_bytes(slot_bytes) + 64;
-    const auto align64 = [](void* p) {
-      const auto a = reinterpret_cast<std::uintptr_t>(p);
-      return reinterpret_cast<std::byte*>((a + 63) / 64 * 64);
-    };
-    MPI_Info info;
-    MPI_Info_create(&info);
-    MPI_Info_set(info, "alloc_shared_noncontig", "true");
-    void* base = nullptr;
-    const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(region), 1, info, node, &base, &shm_win_);
-    MPI_Info_free(&info);
-    if (rc != MPI_SUCCESS) {
-      MPI_Comm_free(&node);
-      shm_win_ = MPI_WIN_NULL;
-      detail::mpi_check(rc, "MPI_Win_allocate_shared", rank_);
+    const std::size_t stride = (detail::shm_region_bytes(slot_bytes) + 4095) / 4096 * 4096;
+    const std::size_t total = stride * static_cast<std::size_t>(size_);
+    struct {
+      char name[120];
+      int ok;
+    } hdr{};
+    std::string why;
+    detail::shm_mapping map;
+    if (rank_ == 0) {
+      try {
+        const std::string name = detail::shm_mapping::unique_name("mpi");
+        map = detail::shm_mapping::create(name, total);
+        std::snprintf(hdr.name, sizeof hdr.name, "%s", name.c_str());
+        hdr.ok = 1;
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
     }
+    detail::mpi_check(MPI_Bcast(&hdr, sizeof hdr, MPI_BYTE, 0, comm_), "MPI_Bcast (shm segment)", rank_);
+    if (rank_ != 0 && hdr.ok) {
+      try {
+        map = detail::shm_mapping::open(hdr.name, total);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    // the lowest rank that failed, or size_ when all mapped it
+    int first_bad = why.empty() ? size_ : rank_;
+    detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce (shm segment)",
+                      rank_);
+    if (rank_ == 0 && hdr.ok) detail::shm_mapping::unlink(hdr.name);
+    if (first_bad < size_)
+      throw error("dpkit::mpi: rank " + std::to_string(rank_) + ": the node's shared segment (" + std::to_string(total) +
+                  " bytes) could not be set up: " +
+                  (why.empty() ? "rank " + std::to_string(first_bad) + " failed (its error names the reason)" : why));
     std::vector<std::byte*> bases(static_cast<std::size_t>(size_));
-    for (int p = 0; p < size_; ++p) {
-      MPI_Aint sz = 0;
-      int du = 0;
-      void* ptr = nullptr;
-      detail::mpi_check(MPI_Win_shared_query(shm_win_, p, &sz, &du, &ptr), "MPI_Win_shared_query", rank_);
-      bases[static_cast<std::size_t>(p)] = align64(ptr);
-    }
-    new (align64(base)) detail::shm_control{}; // zeroed control line, before any peer reads it
+    for (int p = 0; p < size_; ++p) bases[static_cast<std::size_t>(p)] = map.data() + static_cast<std::size_t>(p) * stride;
+    auto* mine = new (bases[static_cast<std::size_t>(rank_)]) detail::shm_control{}; // before any peer reads it
+    mine->pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
     shm_ = std::make_unique<detail::shm_segment>(rank_, std::move(bases), slot_bytes);
+    shm_map_ = std::move(map);
     sh_->shm = shm_.get();
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    detail::mpi_check(MPI_Barrier(node), "MPI_Barrier", rank_);
-    MPI_Comm_free(&node);
+    detail::mpi_check(MPI_Barrier(comm_), "MPI_Barrier", rank_);
   }
 
   // One native collective call: the fingerprint agreement first when asked
@@ -830,6 +959,32 @@ private:
     } else {
       detail::mpi_check(blocking(), name, rank_);
     }
+  }
+  // The check of the default level before a native collective: MPI matches
+  // collectives by order alone, and ranks that pass different counts make
+  // Open MPI's collectives abort the job (a double free in libnbc), different
+  // ops, types or roots return disagreeing data. One MPI_Iallreduce of a
+  // fixed size (so it is well-formed whatever the ranks pass), MPI_MAX over
+  // (h, ~h) with h the fingerprint's hash and sequence number: every rank
+  // gets (h, ~h) back iff every rank runs the same call. On a difference,
+  // which every rank sees in the same result, they all-gather their
+  // fingerprints to name both sides (mismatch_error on every rank).
+  void check_same_call(const detail::fingerprint& fp) {
+    const std::uint64_t h = static_cast<std::uint64_t>(fp.hash()) << 32 ^ (fp.seq & 0xffffffffu) ^
+                            static_cast<std::uint64_t>(static_cast<std::uint32_t>(fp.stream)) * 0x9E3779B97F4A7C15ull;
+    std::uint64_t v[2] = {h, ~h};
+    MPI_Request r = MPI_REQUEST_NULL;
+    detail::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MAX, comm_, &r), "MPI_Iallreduce (check)",
+                      rank_);
+    sh_->wait_native(r, "MPI_Iallreduce (check)");
+    if (v[0] == h && v[1] == ~h) return;
+    agree_now(fp);
+    // a hash collision of different calls cannot end here; equal
+    // fingerprints cannot differ in hash: unreachable but never silent
+    const std::string what = "collective mismatch: rank " + std::to_string(rank_) + " runs " + fp.str() +
+                             "; another rank runs another call at this sequence number";
+    sh_->health.fail(what);
+    throw mismatch_error(what);
   }
   // All ranks all-gather their fingerprints; any difference is a mismatch
   // that every rank sees and names.
@@ -946,8 +1101,8 @@ private:
   std::unique_ptr<detail::scratch_arena> arena_ = std::make_unique<detail::scratch_arena>();
   std::unique_ptr<progress_thread> progress_ = std::make_unique<progress_thread>();
   std::unique_ptr<detail::mpi_shared> sh_ = std::make_unique<detail::mpi_shared>();
-  MPI_Win shm_win_ = MPI_WIN_NULL;
   std::unique_ptr<detail::shm_segment> shm_;
+  detail::shm_mapping shm_map_; // the memory shm_ points into
   node_topology topo_;
   std::size_t inter_fragment_ = 0; // bytes per message to another node (0: whole)
   std::unique_ptr<mpi> node_, cross_; // hierarchy (several nodes)

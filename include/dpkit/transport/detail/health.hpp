@@ -194,6 +194,10 @@ struct native_call {
   std::chrono::steady_clock::time_point due{};
   fingerprint fp{};
   bool with_deadline = true;
+  /// collective_options::check: at 1 the transport checks that every rank
+  /// runs the same call before it starts MPI's collective (one small
+  /// collective of a fixed size; 2 has agreed already, 0 checks nothing).
+  int check = 0;
 };
 
 /// "rank A runs X; rank B runs Y".

@@ -45,12 +45,15 @@ namespace dpkit::detail {
 /// waiters stop at once. `fp_words` hold the fingerprint of the collective
 /// the rank runs now (any algorithm), under the seqlock `fp_version` (odd
 /// while being written), so a rank waiting in a shm collective can name what
-/// a peer runs instead and detect a mismatch.
+/// a peer runs instead and detect a mismatch. `pid` is the owner's process
+/// id where ranks are processes (0 where they are threads of one process),
+/// so a waiting peer can tell that the owner's process has ended.
 inline constexpr std::size_t shm_fp_words = (sizeof(fingerprint) + 7) / 8;
 struct alignas(64) shm_control {
   std::atomic<std::uint64_t> step{0};
   std::atomic<std::uint32_t> sleepers{0};
-  char pad0[52];
+  std::atomic<std::int32_t> pid{0};
+  char pad0[48];
   std::atomic<std::uint32_t> abort{0};
   char pad1[60];
   std::atomic<std::uint64_t> fp_version{0};
