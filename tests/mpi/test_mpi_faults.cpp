@@ -145,6 +145,113 @@ TEST_CASE("mpi mismatch: op, type, count, kind and root disagreements throw on e
   }
 }
 
+TEST_CASE("mpi mismatch: a zero-element call against a non-zero one throws on every rank, on every algorithm") {
+  // Before: the zero-count rank returned at once and fell one call behind;
+  // on shm (and automatic) its next calls paired with its peers' calls
+  // before and every rank got sums of the wrong calls (9 and 15 for 6 and
+  // 12) without an error.
+  int n;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  if (n < 2) return;
+  for (auto a : {dpkit::algorithm::ring, dpkit::algorithm::tree, dpkit::algorithm::shm, dpkit::algorithm::automatic,
+                 dpkit::algorithm::native}) {
+    CAPTURE(dpkit::algorithm_name(a));
+    std::vector<float> got;
+    const auto r = run_case([&](dpkit::mpi& c, const dpkit::collective_options& o) {
+      const dpkit::allreduce_policy pol{a};
+      std::vector<float> v(c.rank() == n - 1 ? 0 : 1000, 1.0f);
+      dpkit::allreduce(c, v, dpkit::reduce_op::sum, pol, o);
+      for (int k = 0; k < 2; ++k) {
+        std::vector<float> w(1000, static_cast<float>(k + 2));
+        dpkit::allreduce(c, w, dpkit::reduce_op::sum, pol, o);
+        got.push_back(w[0]);
+      }
+    });
+    CAPTURE(got.size());
+    CAPTURE(r.what);
+    check_thrown_fast(r);
+    CHECK(someone_names(r, "allreduce(float, 0,", "allreduce(float, 1000,"));
+  }
+  // every rank passes 0: still a collective that completes
+  dpkit::mpi comm(MPI_COMM_WORLD);
+  for (auto a : {dpkit::algorithm::ring, dpkit::algorithm::tree, dpkit::algorithm::shm, dpkit::algorithm::native}) {
+    std::vector<float> none;
+    dpkit::allreduce(comm, none, dpkit::reduce_op::sum, dpkit::allreduce_policy{a});
+    std::vector<float> w(10, 1.0f);
+    dpkit::allreduce(comm, w, dpkit::reduce_op::sum, dpkit::allreduce_policy{a});
+    CHECK(w[0] == static_cast<float>(n));
+  }
+}
+
+TEST_CASE("mpi mismatch: kinds differ where neither side sends (all-reduce on rank 0, broadcast elsewhere) in < 1 s") {
+  // Before: a tree all-reduce's root waits for its child and the child, in a
+  // tree broadcast, for the root: no message, so both waited out the whole
+  // deadline (30 s) and threw timeout_error.
+  int n;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  if (n < 2) return;
+  for (auto a : {dpkit::algorithm::ring, dpkit::algorithm::tree, dpkit::algorithm::shm, dpkit::algorithm::automatic}) {
+    CAPTURE(dpkit::algorithm_name(a));
+    const auto r = run_case([&](dpkit::mpi& c, const dpkit::collective_options& o) {
+      std::vector<float> v(1000, 1.0f);
+      if (c.rank() == 0) dpkit::allreduce(c, v, dpkit::reduce_op::sum, dpkit::allreduce_policy{a}, o);
+      else dpkit::broadcast(c, v, 0, a == dpkit::algorithm::ring ? dpkit::algorithm::tree : a, o);
+      dpkit::barrier(c, o);
+    });
+    check_thrown_fast(r);
+    CHECK(someone_names(r, "allreduce(float, 1000", "broadcast(float, 1000, root 0"));
+  }
+}
+
+TEST_CASE("mpi native at the default checking level: count, op, type and root disagreements throw on every rank") {
+  // Before: a count mismatch aborted the job inside Open MPI's non-blocking
+  // collectives (double free, rc 134); op, type and root mismatches returned
+  // disagreeing data.
+  int n;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  if (n < 2) return;
+  const dpkit::allreduce_policy native{dpkit::algorithm::native};
+  SUBCASE("count (small and large)") {
+    for (std::size_t base : {std::size_t{2}, std::size_t{100000}}) {
+      const auto r = run_case([&](dpkit::mpi& c, const dpkit::collective_options& o) {
+        std::vector<float> v(c.rank() == n - 1 ? 2 * base : base, 1.0f);
+        dpkit::allreduce(c, v, dpkit::reduce_op::sum, native, o);
+      });
+      check_thrown_fast(r);
+      CHECK(someone_names(r, "allreduce(float, " + std::to_string(2 * base), "allreduce(float, " + std::to_string(base)));
+    }
+  }
+  SUBCASE("op") {
+    const auto r = run_case([&](dpkit::mpi& c, const dpkit::collective_options& o) {
+      std::vector<float> v(4, 1.0f);
+      dpkit::allreduce(c, v, c.rank() == 1 ? dpkit::reduce_op::max : dpkit::reduce_op::sum, native, o);
+    });
+    check_thrown_fast(r);
+    CHECK(someone_names(r, "max, native", "sum, native"));
+  }
+  SUBCASE("type") {
+    const auto r = run_case([&](dpkit::mpi& c, const dpkit::collective_options& o) {
+      if (c.rank() == 1) {
+        std::vector<std::int32_t> v(2, 1);
+        dpkit::allreduce(c, v, dpkit::reduce_op::sum, native, o);
+      } else {
+        std::vector<float> v(2, 1.0f);
+        dpkit::allreduce(c, v, dpkit::reduce_op::sum, native, o);
+      }
+    });
+    check_thrown_fast(r);
+    CHECK(someone_names(r, "allreduce(int32, 2", "allreduce(float, 2"));
+  }
+  SUBCASE("broadcast root") {
+    const auto r = run_case([&](dpkit::mpi& c, const dpkit::collective_options& o) {
+      std::vector<float> v(100, static_cast<float>(c.rank()));
+      dpkit::broadcast(c, v, c.rank() == 0 ? 0 : 1, dpkit::algorithm::native, o);
+    });
+    check_thrown_fast(r);
+    CHECK(someone_names(r, "root 0", "root 1"));
+  }
+}
+
 TEST_CASE("mpi health: reuse after a failure throws communicator_error; a fresh dpkit::mpi recovers with correct results") {
   int n;
   MPI_Comm_size(MPI_COMM_WORLD, &n);

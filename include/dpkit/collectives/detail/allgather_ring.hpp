@@ -12,7 +12,7 @@ void allgather_ring_raw(C& comm, const op_context& ctx, const T* in, T* out, std
                         const collective_options& o, const local_ops<T>& L) {
   const int n = ctx.size, r = ctx.rank;
   collective_scope<C> S(comm, ctx, coll_kind::allgather, "ring", element_type_of_v<T>, count, std::nullopt, -1, o);
-  if (count == 0) return;
+  if (count == 0) return zero_count_check(comm, S, ctx);
   auto chunk = [&](int c) { return static_cast<std::size_t>(c) * count; };
   L.copy(out + chunk(r), in, count);
   if (n == 1) return;

@@ -13,7 +13,7 @@ void allreduce_ring_raw(C& comm, const op_context& ctx, const T* in, T* out, std
                         const collective_options& o, const local_ops<T>& L) {
   const int n = ctx.size, r = ctx.rank;
   collective_scope<C> S(comm, ctx, coll_kind::allreduce, "ring", element_type_of_v<T>, count, op, -1, o);
-  if (count == 0) return;
+  if (count == 0) return zero_count_check(comm, S, ctx);
   if (n == 1) {
     L.copy(out, in, count);
     return;

@@ -204,6 +204,7 @@ public:
     fp_.root = root;
     fp_.stream = o.tag;
     std::memcpy(fp_.algo, algo, std::min(sizeof fp_.algo, std::strlen(algo)));
+    if constexpr (requires { comm.check_usable(ctx.name); }) comm.check_usable(ctx.name);
     if constexpr (checked_transport<C>) {
       auto& h = comm.health();
       h.check(ctx.name, ctx.rank);
@@ -299,6 +300,32 @@ private:
   std::size_t bytes_done_ = 0;
   bool reported_ = false;
 };
+
+/// What a collective of zero elements still does on a checked transport
+/// (checks on, more than one rank): it takes part in the mismatch check like
+/// any other call instead of returning at once. Returning at once would leave
+/// this rank a call behind a peer that passed a non-zero count: its next call
+/// would pair with the peer's call before, and both would compute on the
+/// wrong partners' data without an error. Here every rank sends an empty
+/// message to the next rank of the ring and receives one from the previous
+/// rank, under the call's checked tag: a peer at this sequence number that
+/// runs another call sees a message of another collective (mismatch_error),
+/// and every rank waits for its neighbour to reach this call (one message
+/// latency per zero-element call).
+/// @throws what collective_scope::wait throws.
+template <class C>
+void zero_count_check(C& comm, collective_scope<C>& S, const op_context& ctx) {
+  if constexpr (checked_transport<C>) {
+    if (ctx.size == 1 || !is_checked_tag(S.tag_base())) return;
+    const int tag = S.tag(tag_offset::zero_count);
+    auto recv = comm.irecv(std::span<std::byte>{}, mod(ctx.rank - 1, ctx.size), tag);
+    auto send = comm.isend(std::span<const std::byte>{}, mod(ctx.rank + 1, ctx.size), tag);
+    S.wait(recv);
+    S.wait(send);
+  } else {
+    (void)comm, (void)S, (void)ctx;
+  }
+}
 
 /// Segment size in elements for options o (>= 1).
 template <class T>
@@ -407,7 +434,7 @@ void call_native(C& comm, const op_context& ctx, coll_kind kind, element_type t,
           ~reset_call() { c.begin_native(native_call{}); } // direct native_* calls stay blocking
         } reset{comm};
         S.agree_if(o.check);
-        comm.begin_native(native_call{S.due(), S.fp(), o.native_deadline});
+        comm.begin_native(native_call{S.due(), S.fp(), o.native_deadline, o.check});
         f(comm);
       } else {
         f(comm);

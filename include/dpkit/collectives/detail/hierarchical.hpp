@@ -306,7 +306,7 @@ void allreduce_hierarchical_raw(C& comm, const op_context& ctx, const T* in, T* 
                                 reduce_op op, memory_space space, const collective_options& o,
                                 const allreduce_policy& flat, const local_ops<T>& L) {
   collective_scope<C> S(comm, ctx, coll_kind::allreduce, "hier", element_type_of_v<T>, count, op, -1, o);
-  if (count == 0) return;
+  if (count == 0) return zero_count_check(comm, S, ctx);
   const node_topology& topo = comm.topology();
   auto* node = comm.node_transport();
   auto* cross = comm.cross_transport();
@@ -329,7 +329,7 @@ template <class C, element T>
 void broadcast_hierarchical_raw(C& comm, const op_context& ctx, T* data, std::size_t count, int root,
                                 memory_space space, const collective_options& o) {
   collective_scope<C> S(comm, ctx, coll_kind::broadcast, "hier", element_type_of_v<T>, count, std::nullopt, root, o);
-  if (count == 0) return;
+  if (count == 0) return zero_count_check(comm, S, ctx);
   const node_topology& topo = comm.topology();
   auto* node = comm.node_transport();
   auto* cross = comm.cross_transport();
@@ -380,7 +380,7 @@ template <class C, element T>
 void allgather_hierarchical_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t count,
                                 memory_space space, const collective_options& o, const local_ops<T>& L) {
   collective_scope<C> S(comm, ctx, coll_kind::allgather, "hier", element_type_of_v<T>, count, std::nullopt, -1, o);
-  if (count == 0) return;
+  if (count == 0) return zero_count_check(comm, S, ctx);
   const node_topology& topo = comm.topology();
   const std::size_t N = static_cast<std::size_t>(topo.nodes()), Lsz = static_cast<std::size_t>(topo.local_size());
   scratch_arena::lease lease(arena_of(comm));
@@ -417,7 +417,7 @@ void reduce_scatter_hierarchical_raw(C& comm, const op_context& ctx, const T* in
                                      reduce_op op, memory_space space, const collective_options& o,
                                      const local_ops<T>& L) {
   collective_scope<C> S(comm, ctx, coll_kind::reduce_scatter, "hier", element_type_of_v<T>, count, op, -1, o);
-  if (count == 0) return;
+  if (count == 0) return zero_count_check(comm, S, ctx);
   const node_topology& topo = comm.topology();
   const std::size_t N = static_cast<std::size_t>(topo.nodes()), Lsz = static_cast<std::size_t>(topo.local_size());
   const reduce_op stage_op = op == reduce_op::avg ? reduce_op::sum : op;

@@ -12,7 +12,7 @@ void reduce_scatter_ring_raw(C& comm, const op_context& ctx, const T* in, T* out
                              const collective_options& o, const local_ops<T>& L) {
   const int n = ctx.size, r = ctx.rank;
   collective_scope<C> S(comm, ctx, coll_kind::reduce_scatter, "ring", element_type_of_v<T>, count, op, -1, o);
-  if (count == 0) return;
+  if (count == 0) return zero_count_check(comm, S, ctx);
   if (n == 1) {
     L.copy(out, in, count);
     return;

@@ -11,6 +11,7 @@ namespace dpkit::detail {
 /// Tag offset of each algorithm's messages (added to collective_options::tag).
 enum class tag_offset : int {
   allreduce_ring = 0, ///< ring all-reduce (reduce-scatter and all-gather phases)
+  zero_count = 1,     ///< the empty messages of a zero-element collective (zero_count_check)
   tree_up = 2,        ///< tree reduce phase (child -> parent)
   tree_down = 3,      ///< tree broadcast phase (parent -> child)
   reduce_scatter_ring = 4,

@@ -31,7 +31,7 @@ void tree_raw(C& comm, const op_context& ctx, const T* in, T* out, std::size_t c
                         mode == tree_mode::broadcast ? std::nullopt : std::optional<reduce_op>(op),
                         mode == tree_mode::allreduce ? -1 : root, o);
   if (mode != tree_mode::allreduce) S.agree_if(o.check); // send-only ranks cannot see a mismatch otherwise
-  if (count == 0) return;
+  if (count == 0) return zero_count_check(comm, S, ctx);
   const bool is_root = r == root;
   if (n == 1) {
     L.copy(out, in, count);

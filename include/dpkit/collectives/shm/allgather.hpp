@@ -32,7 +32,7 @@ void allgather_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T
   const std::size_t cap = shm_chunk_elems<T>(seg, ctx);
   shm_claim claim(seg, ctx);
   collective_scope<C> S(comm, ctx, coll_kind::allgather, "shm", element_type_of_v<T>, count, std::nullopt, -1, o);
-  if (count == 0) return;
+  if (count == 0) return shm_zero_count_check(comm, seg, S, ctx);
   T* own = out + static_cast<std::size_t>(r) * count;
   if (n == 1) return shm_single_rank(in, own, count);
   shm_steps<C> st(comm, seg, S, ctx);

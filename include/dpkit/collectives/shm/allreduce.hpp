@@ -54,7 +54,7 @@ void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T
   shm_claim claim(seg, ctx);
   collective_scope<C> S(comm, ctx, coll_kind::allreduce, mode == shm_mode::one_shot ? "shm1" : "shm2",
                         element_type_of_v<T>, count, op, -1, o);
-  if (count == 0) return;
+  if (count == 0) return shm_zero_count_check(comm, seg, S, ctx);
   if (n == 1) return shm_single_rank(in, out, count);
   shm_steps<C> st(comm, seg, S, ctx);
   for (std::size_t off = 0; off < count; off += cap) {

@@ -37,7 +37,7 @@ void reduce_scatter_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, co
   const std::size_t cap = shm_chunk_elems<T>(seg, ctx, nn);
   shm_claim claim(seg, ctx);
   collective_scope<C> S(comm, ctx, coll_kind::reduce_scatter, "shm", element_type_of_v<T>, count, op, -1, o);
-  if (count == 0) return;
+  if (count == 0) return shm_zero_count_check(comm, seg, S, ctx);
   if (n == 1) return shm_single_rank(in, out, count);
   shm_steps<C> st(comm, seg, S, ctx);
   for (std::size_t off = 0; off < count; off += cap) {

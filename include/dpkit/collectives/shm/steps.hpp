@@ -15,7 +15,7 @@
 // reading step e - 1, the last user of buffer (e + 1) % 2: two buffers make
 // back-to-back steps and back-to-back collectives safe without any extra
 // barrier (DeepSpeed's rotating state values). The published word carries the
-// low 20 bits of the collective's fingerprint hash; a peer at the same step
+// low 20 bits of the collective's fingerprint hash mixed with its sequence number; a peer at the same step
 // with another hash runs another collective (mismatch_error). Every wait
 // watches the deadline, the segment's abort words and (about every
 // millisecond) the transport's fault notices.
@@ -39,7 +39,7 @@ public:
   shm_steps(C& comm, shm_segment& seg, collective_scope<C>& S, const op_context& ctx)
       : comm_(comm), seg_(seg), S_(S), ctx_(ctx),
         e_(seg.control(ctx.rank).step.load(std::memory_order_relaxed) >> shm_hash_bits),
-        hash_(S.fp().hash() & shm_hash_mask), spins_(shm_spin_count(ctx.size)),
+        hash_(step_hash(S.fp())), spins_(shm_spin_count(ctx.size)),
         yields_(shm_yield_polls()) {}
 
   /// The buffer this rank writes for the next step (then publish()).
@@ -58,6 +58,12 @@ public:
   }
 
 private:
+  // The 20 bits a step word carries: the fingerprint hash mixed with the
+  // sequence number, so a peer a call ahead or behind (same call, another
+  // sequence number) is a mismatch too, not a partner.
+  static std::uint64_t step_hash(const fingerprint& fp) noexcept {
+    return (fp.hash() ^ static_cast<std::uint32_t>(fp.seq * 0x9E3779B1u)) & shm_hash_mask;
+  }
   void wait_for(int p) {
     auto& word = seg_.control(p).step;
     auto ready = [&] { return (word.load(std::memory_order_acquire) >> shm_hash_bits) >= e_; };
@@ -145,6 +151,20 @@ private:
   unsigned yields_;
   bool published_ = false;
 };
+
+/// A shared-memory collective of zero elements (more than one rank): one
+/// step, whose word carries the call's fingerprint hash and sequence number,
+/// so it takes part in the mismatch check like any other call instead of
+/// returning at once and leaving this rank a call behind a peer that passed a
+/// non-zero count (zero_count_check in common.hpp says why).
+/// @throws what shm_steps::step throws (mismatch_error, peer_error,
+///         timeout_error).
+template <class C>
+void shm_zero_count_check(C& comm, shm_segment& seg, collective_scope<C>& S, const op_context& ctx) {
+  if (ctx.size == 1) return;
+  shm_steps<C> st(comm, seg, S, ctx);
+  st.step();
+}
 
 /// Elements of T that one buffer of `seg` holds per rank share (`shares`
 /// shares per buffer); invalid_argument when not even one.
