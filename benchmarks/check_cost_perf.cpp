@@ -23,6 +23,8 @@
 // copy, no messages): the checking cost without any transport's noise.
 #include <dpkit/dpkit.hpp>
 
+#include "run_main.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -186,9 +188,7 @@ int run_mpi(int argc, char** argv) {
 }
 #endif
 
-} // namespace
-
-int main(int argc, char** argv) {
+int check_cost_perf_main(int argc, char** argv) {
   bool inproc = false;
   long calls = 300000;
   for (int i = 1; i < argc; ++i) {
@@ -207,4 +207,11 @@ int main(int argc, char** argv) {
   MPI_Finalize();
   return rc;
 #endif
+}
+
+} // namespace
+
+// An error prints "check_cost_perf: rank R: <what>" and ends the whole job (examples/run_main.hpp).
+int main(int argc, char** argv) {
+  return dpkit_programs::run_main("check_cost_perf", [&] { return check_cost_perf_main(argc, argv); });
 }

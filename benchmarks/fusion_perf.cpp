@@ -29,6 +29,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "run_main.hpp"
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -45,7 +47,7 @@ namespace {
 using clk = std::chrono::steady_clock;
 
 struct config {
-  std::string model = "data/models/gpt2-124m.tsv";
+  std::string model; // empty: the repository's data/models/gpt2-124m.tsv, wherever the program is started from
   int iters = 5;
   int warmup = 1;
   int threads = 0;
@@ -278,12 +280,10 @@ int run(C& comm, const config& cfg, const char* transport_name) {
   return 0;
 }
 
-} // namespace
-
-int main(int argc, char** argv) {
+int fusion_perf_main(int argc, char** argv) {
   config cfg;
   CLI::App app{"fusion_perf: per-tensor vs flat vs bucketed (gradient_reducer) all-reduce for a model's gradients"};
-  app.add_option("-m,--model", cfg.model, "model parameter list (models/*.tsv)")->capture_default_str();
+  app.add_option("-m,--model", cfg.model, "model parameter list (models/*.tsv; default: the repository's data/models/gpt2-124m.tsv)");
   app.add_option("-n,--iters", cfg.iters, "timed iterations")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("-w,--warmup", cfg.warmup, "warmup iterations")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("-t,--threads", cfg.threads, "run N ranks as threads (inproc transport) instead of MPI")
@@ -297,32 +297,37 @@ int main(int argc, char** argv) {
   app.add_option("--first-bucket-mib", cfg.first_mib, "first bucket limit, MiB")->capture_default_str();
   app.add_option("-A,--algo", cfg.algo, "all-reduce algorithm: automatic, ring, tree, native")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (cfg.model.empty())
+    cfg.model = dpkit_programs::find_default_file("model parameter list", "--model",
+                                                  dpkit_programs::source_file_candidates("data/models/gpt2-124m.tsv"))
+                    .string();
 
-  try {
-    if (cfg.threads > 0) {
-      dpkit::inproc_world world(cfg.threads);
-      world.run([&](dpkit::inproc& comm) { run(comm, cfg, "inproc threads"); });
-      return 0;
-    }
-#ifdef FUSION_PERF_HAVE_MPI
-    int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-    int rc = 0;
-    try {
-      dpkit::mpi comm(MPI_COMM_WORLD);
-      rc = run(comm, cfg, "mpi");
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "fusion_perf: %s\n", e.what());
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    MPI_Finalize();
-    return rc;
-#else
-    std::fprintf(stderr, "fusion_perf: built without MPI; use -t N for N threads as ranks\n");
-    return 2;
-#endif
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fusion_perf: %s\n", e.what());
-    return 1;
+  if (cfg.threads > 0) {
+    dpkit::inproc_world world(cfg.threads);
+    world.run([&](dpkit::inproc& comm) { run(comm, cfg, "inproc threads"); });
+    return 0;
   }
+#ifdef FUSION_PERF_HAVE_MPI
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rc = 0;
+  {
+    // Errors are not caught: run_main ends the whole job with the message,
+    // without unwinding through comm while other ranks wait in a collective.
+    dpkit::mpi comm(MPI_COMM_WORLD);
+    rc = run(comm, cfg, "mpi");
+  }
+  MPI_Finalize();
+  return rc;
+#else
+  std::fprintf(stderr, "fusion_perf: built without MPI; use -t N for N threads as ranks\n");
+  return 2;
+#endif
+}
+
+} // namespace
+
+// An error prints "fusion_perf: rank R: <what>" and ends the whole job (examples/run_main.hpp).
+int main(int argc, char** argv) {
+  return dpkit_programs::run_main("fusion_perf", [&] { return fusion_perf_main(argc, argv); });
 }

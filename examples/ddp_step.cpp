@@ -27,6 +27,8 @@
 #define DDP_STEP_HAVE_MPI 1
 #endif
 
+#include "run_main.hpp"
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -190,9 +192,7 @@ int usage(const char* argv0) {
   return 2;
 }
 
-} // namespace
-
-int main(int argc, char** argv) {
+int ddp_step_main(int argc, char** argv) {
   args a;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
@@ -210,32 +210,32 @@ int main(int argc, char** argv) {
     }
   }
   if (a.model.empty()) return usage(argv[0]);
-  try {
-    if (a.threads > 0) {
-      dpkit::inproc_world world(a.threads);
-      std::vector<int> rc(static_cast<std::size_t>(a.threads));
-      world.run([&](dpkit::inproc& comm) { rc[static_cast<std::size_t>(comm.rank())] = run_rank(comm, a); });
-      return rc[0];
-    }
-#ifdef DDP_STEP_HAVE_MPI
-    int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-    int rc = 1;
-    try {
-      dpkit::mpi comm(MPI_COMM_WORLD);
-      rc = run_rank(comm, a);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "ddp_step: %s\n", e.what());
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    MPI_Finalize();
-    return rc;
-#else
-    std::fprintf(stderr, "ddp_step: built without MPI; use -t N for N threads as ranks\n");
-    return 2;
-#endif
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ddp_step: %s\n", e.what());
-    return 1;
+  if (a.threads > 0) {
+    dpkit::inproc_world world(a.threads);
+    std::vector<int> rc(static_cast<std::size_t>(a.threads));
+    world.run([&](dpkit::inproc& comm) { rc[static_cast<std::size_t>(comm.rank())] = run_rank(comm, a); });
+    return rc[0];
   }
+#ifdef DDP_STEP_HAVE_MPI
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rc = 1;
+  {
+    // Errors are not caught: run_main ends the whole job with the message,
+    // without unwinding through comm while other ranks wait in a collective.
+    dpkit::mpi comm(MPI_COMM_WORLD);
+    rc = run_rank(comm, a);
+  }
+  MPI_Finalize();
+  return rc;
+#else
+  std::fprintf(stderr, "ddp_step: built without MPI; use -t N for N threads as ranks\n");
+  return 2;
+#endif
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  return dpkit_programs::run_main("ddp_step", [&] { return ddp_step_main(argc, argv); });
 }

@@ -8,18 +8,19 @@
 #include <dpkit/data/jsonl_length_column.hpp>
 #endif
 
+#include "run_main.hpp"
+
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: %s FILE.jsonl [world_size] [rank]\n", argv[0]);
-    return 2;
-  }
-  const std::uint64_t world = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 4;
-  const std::uint64_t rank = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 0;
-  try {
+  return dpkit_programs::run_main("jsonl_loader", [&] {
+    if (argc < 2) {
+      std::fprintf(stderr, "usage: %s FILE.jsonl [world_size] [rank]\n", argv[0]);
+      return 2;
+    }
+    const std::uint64_t world = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 4;
+    const std::uint64_t rank = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 0;
     dpkit::jsonl_index_open_options open;
     open.rebuild_if_stale = true; // build FILE.jsonl.idx on first use
 #if __has_include(<simdjson.h>)
@@ -42,9 +43,6 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(rank), static_cast<unsigned long long>(world),
                   static_cast<unsigned long long>(sampler.num_batches()), static_cast<unsigned long long>(bytes));
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "jsonl_loader: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }

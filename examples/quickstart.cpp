@@ -4,6 +4,8 @@
 //   build/examples/quickstart 4                    (any build: 4 ranks as threads)
 #include <dpkit/dpkit.hpp>
 
+#include "run_main.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -31,24 +33,28 @@ int step(C& comm) {
 } // namespace
 
 int main(int argc, char** argv) {
+  // run_main: an error on any rank prints "quickstart: rank R: ..." and ends
+  // the whole job (examples/run_main.hpp), never a hang.
+  return dpkit_programs::run_main("quickstart", [&] {
 #ifdef DPKIT_WITH_MPI
-  if (argc < 2) {
-    int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-    int wrong = 0;
-    {
-      dpkit::mpi comm(MPI_COMM_WORLD);
-      wrong = step(comm);
+    if (argc < 2) {
+      int provided = 0;
+      MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+      int wrong = 0;
+      {
+        dpkit::mpi comm(MPI_COMM_WORLD);
+        wrong = step(comm);
+      }
+      MPI_Finalize();
+      return wrong ? 1 : 0;
     }
-    MPI_Finalize();
-    return wrong ? 1 : 0;
-  }
 #endif
-  const int ranks = argc > 1 ? std::atoi(argv[1]) : 4;
-  dpkit::inproc_world world(ranks);
-  std::vector<int> wrong(static_cast<std::size_t>(ranks));
-  world.run([&](dpkit::inproc& comm) { wrong[static_cast<std::size_t>(comm.rank())] = step(comm); });
-  for (int w : wrong)
-    if (w) return 1;
-  return 0;
+    const int ranks = argc > 1 ? std::atoi(argv[1]) : 4;
+    dpkit::inproc_world world(ranks);
+    std::vector<int> wrong(static_cast<std::size_t>(ranks));
+    world.run([&](dpkit::inproc& comm) { wrong[static_cast<std::size_t>(comm.rank())] = step(comm); });
+    for (int w : wrong)
+      if (w) return 1;
+    return 0;
+  });
 }

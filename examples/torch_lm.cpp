@@ -10,7 +10,7 @@
 //   build/examples/torch_lm --elastic file:///tmp/job --id 1 --first-size 2 & build/examples/torch_lm --elastic file:///tmp/job --id 2
 //                          # elastic: no mpirun; processes fail and join at will (docs/elastic.md)
 //
-// Data: dpkit's JSONL index of build/data/debian-descriptions.jsonl with its
+// Data: dpkit's JSONL index of <build>/data/debian-descriptions.jsonl with its
 // num_tokens column (built on first use next to the corpus) feeds dpkit's
 // token-budget batch sampler, which gives each rank its batches; each text is
 // tokenized with SentencePiece (data/debian-bpe-8k.model) into
@@ -49,6 +49,7 @@
 #include <dpkit/torch/elastic.hpp>
 #endif
 
+#include "run_main.hpp"
 #include "torch_lm_model.hpp"
 
 #include <CLI/CLI.hpp>
@@ -83,8 +84,8 @@ struct args {
   std::uint64_t max_tokens = 512;
   double lr = 1e-3, clip = 1.0, bucket_cap_mb = 25.0;
   std::uint64_t seed = 1234;
-  std::string corpus = "build/data/debian-descriptions.jsonl";
-  std::string spm = "data/debian-bpe-8k.model";
+  std::string corpus; // empty: the build's data/debian-descriptions.jsonl (resolve_defaults)
+  std::string spm;    // empty: the repository's data/debian-bpe-8k.model
   std::string ddp = "dpkit";
   bool bucket_view = false, find_unused = false, no_comm_thread = false;
   std::string compression = "none";
@@ -727,9 +728,24 @@ int run_elastic(const args& a) {
 }
 #endif
 
-} // namespace
+// The corpus and SentencePiece model when --corpus / --spm are not given:
+// the repository's, wherever the program is started from (next to this
+// executable's build directory, then the directories baked in at build
+// time, then build/data and data/ under the working directory). Not needed
+// with --batches.
+void resolve_defaults(args& a) {
+  if (!a.batches.empty() && a.elastic.empty()) return;
+  if (a.corpus.empty())
+    a.corpus = dpkit_programs::find_default_file("corpus", "--corpus",
+                                                 dpkit_programs::build_file_candidates("data/debian-descriptions.jsonl"))
+                   .string();
+  if (a.spm.empty())
+    a.spm = dpkit_programs::find_default_file("SentencePiece model", "--spm",
+                                              dpkit_programs::source_file_candidates("data/debian-bpe-8k.model"))
+                .string();
+}
 
-int main(int argc, char** argv) {
+int torch_lm_main(int argc, char** argv) {
   args a;
   CLI::App app{"torch_lm: a small transformer LM trained with dpkit's DistributedDataParallel for libtorch"};
   app.add_option("--steps", a.steps, "train until this global step");
@@ -741,8 +757,10 @@ int main(int argc, char** argv) {
   app.add_option("--lr", a.lr, "Adam learning rate");
   app.add_option("--clip", a.clip, "clip the gradient norm to this (0: off)");
   app.add_option("--seed", a.seed, "model and sampler seed");
-  app.add_option("--corpus", a.corpus, "JSONL corpus with 'text' and 'num_tokens'");
-  app.add_option("--spm", a.spm, "SentencePiece model");
+  app.add_option("--corpus", a.corpus,
+                 "JSONL corpus with 'text' and 'num_tokens' (default: data/debian-descriptions.jsonl in this program's "
+                 "build directory, wherever it is started from)");
+  app.add_option("--spm", a.spm, "SentencePiece model (default: the repository's data/debian-bpe-8k.model)");
   app.add_option("--ddp", a.ddp, "dpkit | per-param | none")->check(CLI::IsMember({"dpkit", "per-param", "none"}));
   app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP bucket_cap_mb");
   app.add_flag("--bucket-view", a.bucket_view, "DDP gradient_as_bucket_view");
@@ -783,6 +801,7 @@ int main(int argc, char** argv) {
   app.add_option("--sample-log", a.sample_log, "--elastic: each process appends its log to DIR/id<N>.log");
   app.add_option("--control", a.control, "--elastic: fault injection for the test (DIR/fail.<id>, DIR/pace)");
   CLI11_PARSE(app, argc, argv);
+  resolve_defaults(a);
   if (!a.elastic.empty()) {
 #ifdef TORCH_LM_ELASTIC
     try {
@@ -800,19 +819,17 @@ int main(int argc, char** argv) {
   if (use_mpi) {
     int provided = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-    if (provided < MPI_THREAD_MULTIPLE) {
-      std::fprintf(stderr, "torch_lm: MPI does not provide MPI_THREAD_MULTIPLE\n");
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
+    if (provided < MPI_THREAD_MULTIPLE) throw dpkit::error("MPI does not provide MPI_THREAD_MULTIPLE");
   }
-  int rc = 1;
-  try {
-    rc = run(a);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "torch_lm: %s\n", e.what());
-    if (use_mpi) MPI_Abort(MPI_COMM_WORLD, 1);
-    return 1;
-  }
+  // Not caught: an error on one rank ends the whole job through run_main,
+  // without unwinding through the communicator while the other ranks wait.
+  const int rc = run(a);
   if (use_mpi) MPI_Finalize();
   return rc;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  return dpkit_programs::run_main("torch_lm", [&] { return torch_lm_main(argc, argv); });
 }

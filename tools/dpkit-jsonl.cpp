@@ -6,6 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "run_main.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -54,9 +56,7 @@ dpkit::jsonl_index open_index(const std::string& file, const std::string& index)
   return dpkit::jsonl_index::open(file, o);
 }
 
-} // namespace
-
-int main(int argc, char** argv) {
+int jsonl_main(int argc, char** argv) {
   CLI::App app{"dpkit-jsonl: line indices for JSONL files (index, verify, stats, get, batches)"};
   app.require_subcommand(1);
   std::string file, index_path;
@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
 
-  try {
+  {
     if (*index) {
       dpkit::jsonl_index_build_options o;
       o.threads = threads;
@@ -210,9 +210,14 @@ int main(int argc, char** argv) {
                   padded ? static_cast<double>(real) / static_cast<double>(padded) : 0.0, static_cast<unsigned long long>(real),
                   static_cast<unsigned long long>(padded));
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dpkit-jsonl: error: %s\n", e.what());
-    return 1;
   }
   return 0;
+}
+
+} // namespace
+
+// An error prints "dpkit-jsonl: <what>" ("dpkit-jsonl: rank R: <what>" under
+// mpirun) and exits 1 (examples/run_main.hpp).
+int main(int argc, char** argv) {
+  return dpkit_programs::run_main("dpkit-jsonl", [&] { return jsonl_main(argc, argv); });
 }

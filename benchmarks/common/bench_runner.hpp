@@ -23,6 +23,8 @@
 
 #include <dpkit/dpkit.hpp>
 
+#include "run_main.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -469,8 +471,8 @@ inline int run_inproc(collective kind, const options& o) {
   return failed.load() ? 1 : 0;
 }
 
-/// The main() of a *_perf program measuring collective `kind`.
-inline int bench_main(collective kind, int argc, char** argv) {
+/// The body of bench_main (below).
+inline int bench_main_body(collective kind, int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   int code = 0;
   const auto o = parse_options(argc, argv, kind, code);
@@ -498,6 +500,9 @@ inline int bench_main(collective kind, int argc, char** argv) {
       rc = run_inproc(kind, *o);
     }
   } else {
+    // A usage error is thrown alike on every rank before any communication;
+    // any other error is not caught: run_main ends the whole job with it,
+    // without unwinding through comm while other ranks wait in a collective.
     try {
       dpkit::mpi comm(MPI_COMM_WORLD);
       if (!o->tune_file.empty()) {
@@ -511,10 +516,6 @@ inline int bench_main(collective kind, int argc, char** argv) {
     } catch (const usage_error& e) {
       if (rank == 0) std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
       rc = 1;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s: rank %d: error: %s\n", argv[0], rank, e.what());
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
     }
   }
   MPI_Finalize();
@@ -522,6 +523,15 @@ inline int bench_main(collective kind, int argc, char** argv) {
 #else
   return run_inproc(kind, *o);
 #endif
+}
+
+/// The main() of a *_perf program measuring collective `kind`: an error on
+/// any rank prints "<program>: rank R: <what>" and ends the whole job
+/// (examples/run_main.hpp), never a hang.
+inline int bench_main(collective kind, int argc, char** argv) {
+  const char* slash = argc > 0 ? std::strrchr(argv[0], '/') : nullptr;
+  const char* program = argc > 0 ? (slash ? slash + 1 : argv[0]) : "bench";
+  return dpkit_programs::run_main(program, [&] { return bench_main_body(kind, argc, argv); });
 }
 
 } // namespace dpkit_bench

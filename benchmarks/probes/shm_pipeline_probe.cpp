@@ -20,6 +20,8 @@
 
 #include <mpi.h>
 
+#include "run_main.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -96,7 +98,9 @@ void pipelined_two_shot(shm_steps<C>& st, const T* in, T* out, std::size_t count
 
 } // namespace probe
 
-int main(int argc, char** argv) {
+namespace {
+
+int shm_pipeline_probe_main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   constexpr int variants = 3;
@@ -177,4 +181,11 @@ int main(int argc, char** argv) {
   }
   MPI_Finalize();
   return 0;
+}
+
+} // namespace
+
+// An error prints "shm_pipeline_probe: rank R: <what>" and ends the whole job (examples/run_main.hpp).
+int main(int argc, char** argv) {
+  return dpkit_programs::run_main("shm_pipeline_probe", [&] { return shm_pipeline_probe_main(argc, argv); });
 }

@@ -18,6 +18,8 @@
 
 #include <mpi.h>
 
+#include "run_main.hpp"
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -69,9 +71,7 @@ double max_over_ranks(double v) {
   return m;
 }
 
-} // namespace
-
-int main(int argc, char** argv) {
+int shm_probe_main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   std::size_t max_bytes = std::size_t{256} << 20;
@@ -157,4 +157,11 @@ int main(int argc, char** argv) {
   }
   MPI_Finalize();
   return 0;
+}
+
+} // namespace
+
+// An error prints "shm_probe: rank R: <what>" and ends the whole job (examples/run_main.hpp).
+int main(int argc, char** argv) {
+  return dpkit_programs::run_main("shm_probe", [&] { return shm_probe_main(argc, argv); });
 }
