@@ -4,14 +4,16 @@
 // Under mpirun (the figure docs/tuning.md quotes):
 //   mpirun -np 2 build/benchmarks/check_cost_perf [-b blocks] [-s sizes]
 // all-reduces float sum at 8 B, 64 KiB and 16 MiB (or -s 8,65536,...) over
-// the mpi transport with ring, tree and shm, each in three variants:
+// the mpi transport with ring, tree, shm and native, each in three variants:
 //   off  an unchecked wrapper of the transport (it forwards only the
 //        transport concept: no health, no sequence numbers, no fingerprints,
-//        plain tags; what v0.1 did),
+//        plain tags; what v0.1 did); for native, MPI_Allreduce itself,
 //   L0   the checked transport at DPKIT_CHECK level 0 (health, sequence
-//        numbers, plain tags),
+//        numbers, plain tags; native: MPI_Iallreduce waited against the
+//        deadline),
 //   L1   level 1, the default (the fingerprint hash in every tag, the
-//        fingerprint published in the shared segment).
+//        fingerprint published in the shared segment; native: the call
+//        check, inside the all-reduce up to 64 bytes).
 // Blocks of calls of the variants alternate (in rotating order) `blocks`
 // times; each block's time is the slowest rank's; the table gives the
 // median per-call time of each variant and L1/off. shm has no unchecked
@@ -103,17 +105,23 @@ void call(C& comm, const std::string& algo, const std::vector<float>& in, std::v
           const dpkit::collective_options& o) {
   if (algo == "ring") dpkit::allreduce_ring(comm, in, out, dpkit::reduce_op::sum, o);
   else if (algo == "tree") dpkit::allreduce_tree(comm, in, out, dpkit::reduce_op::sum, o);
-  else if constexpr (dpkit::shared_memory_transport<C>) dpkit::allreduce_shm(comm, in, out, dpkit::reduce_op::sum, o);
+  else if (algo == "native") {
+    if constexpr (dpkit::native_collectives<C>)
+      dpkit::allreduce(comm, in, out, dpkit::reduce_op::sum, dpkit::allreduce_policy{dpkit::algorithm::native}, o);
+  } else if constexpr (dpkit::shared_memory_transport<C>)
+    dpkit::allreduce_shm(comm, in, out, dpkit::reduce_op::sum, o);
 }
 
 int run_mpi(int argc, char** argv) {
   int blocks = 41;
   int only = -1; // -v V: run variant V alone (0 off, 1 L0, 2 L1), for a profiler
+  std::string only_algo = "ring"; // -a ALGO: the algorithm -v runs (ring, tree, shm, native)
   std::vector<std::size_t> sizes = {8, std::size_t{64} << 10, std::size_t{16} << 20};
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (s == "-b" && i + 1 < argc) blocks = std::max(3, std::atoi(argv[++i]));
     else if (s == "-v" && i + 1 < argc) only = std::atoi(argv[++i]);
+    else if (s == "-a" && i + 1 < argc) only_algo = argv[++i];
     else if (s == "-s" && i + 1 < argc) {
       sizes.clear();
       const std::string l = argv[++i];
@@ -140,9 +148,9 @@ int run_mpi(int argc, char** argv) {
     for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>((i + static_cast<std::size_t>(r)) % 5);
     // About 2 ms per block at the size's expected speed (1 GB/s floor).
     const int per_block = static_cast<int>(std::clamp<double>(2e-3 / (2e-6 + static_cast<double>(bytes) / 1e9), 1, 500));
-    for (const std::string algo : {"ring", "tree", "shm"}) {
+    for (const std::string algo : {"ring", "tree", "shm", "native"}) {
       if (algo == "shm" && !comm.shm()) continue;
-      if (only >= 0 && algo != "ring") continue;
+      if (only >= 0 && algo != only_algo) continue;
       const bool has_off = algo != "shm";
       std::vector<double> t[3];
       dpkit::collective_options o0, o1;
@@ -152,7 +160,9 @@ int run_mpi(int argc, char** argv) {
         MPI_Barrier(MPI_COMM_WORLD);
         const auto t0 = clk::now();
         for (int k = 0; k < per_block; ++k) {
-          if (variant == 0) call(u, algo, in, out, o1);
+          if (variant == 0 && algo == "native") // off: MPI's own call, nothing of dpkit's
+            MPI_Allreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm.native_handle());
+          else if (variant == 0) call(u, algo, in, out, o1);
           else call(comm, algo, in, out, variant == 1 ? o0 : o1);
         }
         const double us = std::chrono::duration<double, std::micro>(clk::now() - t0).count() / per_block;

@@ -249,15 +249,16 @@ TEST_CASE("inproc: a rank that calls in after a peer's failure gets peer_error n
   CHECK(contains(second, "failed earlier"));
 }
 
-TEST_CASE("deadline: DPKIT_TIMEOUT is parsed as seconds; the default is 30 minutes") {
+TEST_CASE("deadline: DPKIT_TIMEOUT is parsed as seconds, a malformed value is an error; the default is 30 minutes") {
   using dpkit::detail::parse_timeout_seconds;
   CHECK(parse_timeout_seconds("30", dpkit::default_timeout) == 30000ms);
   CHECK(parse_timeout_seconds("0.25", dpkit::default_timeout) == 250ms);
   CHECK(parse_timeout_seconds(nullptr, dpkit::default_timeout) == dpkit::default_timeout);
   CHECK(parse_timeout_seconds("", dpkit::default_timeout) == dpkit::default_timeout);
-  CHECK(parse_timeout_seconds("abc", dpkit::default_timeout) == dpkit::default_timeout);
-  CHECK(parse_timeout_seconds("-5", dpkit::default_timeout) == dpkit::default_timeout);
-  CHECK(parse_timeout_seconds("10s", dpkit::default_timeout) == dpkit::default_timeout);
+  // a malformed value is an error naming the variable (tests/core/test_options.cpp has the rest)
+  CHECK_THROWS_AS(parse_timeout_seconds("abc", dpkit::default_timeout), dpkit::invalid_argument);
+  CHECK_THROWS_AS(parse_timeout_seconds("-5", dpkit::default_timeout), dpkit::invalid_argument);
+  CHECK_THROWS_AS(parse_timeout_seconds("10s", dpkit::default_timeout), dpkit::invalid_argument);
   CHECK(dpkit::default_timeout == 1800000ms);
 }
 

@@ -126,8 +126,9 @@ concept hierarchical_transport = transport<C> && requires(C& c, const C& cc) {
 };
 
 /// Refinement: the ranks can map one shared segment (docs/algorithms.md
-/// "Shared memory"): an MPI-3 shared window on the node communicator (mpi,
-/// when every rank is on one node) or a block owned by the inproc_world.
+/// "Shared memory"): a POSIX shared-memory object every rank of the node
+/// maps (mpi, when every rank is on one node) or a block owned by the
+/// inproc_world.
 /// `shm()` returns this rank's view of the segment, or nullptr when it is
 /// unavailable at run time (ranks on several nodes, DPKIT_SHM_BYTES=0);
 /// the shm algorithms then refuse (invalid_argument) and the automatic

@@ -45,6 +45,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -58,6 +59,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace dpkit {
@@ -104,6 +106,19 @@ inline std::size_t inter_fragment_from_env() {
   return t && t->inter_fragment_bytes ? *t->inter_fragment_bytes : 0;
 }
 
+/// Lets MPI_Finalize return without waiting for every process of the job,
+/// called when a transport is torn down after a failure (a peer may be
+/// dead). Open MPI 4.1's MPI_Finalize ends with a fence over every process,
+/// which a rank that _exited can keep from completing forever (seen in 2 of
+/// 5 runs of `rank_death ring exit`); Open MPI's own switch for skipping it
+/// is the library variable ompi_async_mpi_finalize (OMPI_MCA_async_mpi_finalize=1
+/// at launch sets it), set here where the symbol exists. Other MPIs: nothing.
+inline void mpi_finalize_without_fence() noexcept {
+#if defined(OPEN_MPI) && OPEN_MPI
+  if (void* p = ::dlsym(RTLD_DEFAULT, "ompi_async_mpi_finalize")) *static_cast<bool*>(p) = true;
+#endif
+}
+
 /// A fault notice, sent on control_tag to every other rank by a rank whose
 /// collective failed (fixed size, so it is one eager message).
 struct mpi_notice {
@@ -111,6 +126,16 @@ struct mpi_notice {
   std::int32_t rank = -1;
   fingerprint fp{};
   char text[472] = {};
+};
+
+/// One block of dpkit::mpi's default-level check of a native call: the
+/// call's (hash, ~hash) pair, max-reduced; what the payload is; and the
+/// payload of a small all-reduce (at most 64 bytes of elements) reduced in
+/// the same MPI_Iallreduce.
+struct mpi_fused_block {
+  std::uint64_t h, nh;
+  std::uint32_t type, op, count, differ;
+  alignas(16) std::byte payload[64];
 };
 
 /// State shared by an mpi transport and its requests (stable address).
@@ -124,6 +149,15 @@ struct mpi_shared {
   shm_segment* shm = nullptr;          // the shared segment, if any (its abort words)
   mpi_shared* parent = nullptr;        // the transport whose hierarchy this one serves (node or cross)
   bool abandoned = false;              // its destructor left the collective frees to MPI (~mpi)
+  bool check_pending = false;          // the native call's default-level check has not run yet
+  // Buffers of dpkit's own non-blocking collectives (the check, the
+  // agreement, split's exchange): here, not on a stack, because a wait that
+  // throws abandons its request and MPI may still write into them later;
+  // this state outlives the transport's use (it is leaked when the
+  // transport failed, see ~mpi).
+  mpi_fused_block check_block{};
+  std::vector<fingerprint> agree_all;
+  std::vector<int> split_all;
 
   /// Takes one pending fault notice from `source` (MPI_ANY_SOURCE: any) with
   /// a matched probe (MPI_Improbe + MPI_Mrecv), so two threads polling one
@@ -480,7 +514,8 @@ public:
   /// rank). Its nodes are this transport's, restricted to its ranks (a shared
   /// segment when they are on one node, a hierarchy when they span several).
   /// The ranks first exchange (color, key) under `timeout`, so a rank that
-  /// never calls split yields timeout_error instead of a hang.
+  /// never calls split yields timeout_error instead of a hang (and fails this
+  /// transport: the exchange it abandoned may still complete into it).
   /// @param color >= 0.
   /// @throws dpkit::invalid_argument if color < 0; dpkit::timeout_error;
   ///         dpkit::communicator_error if this transport failed earlier;
@@ -492,8 +527,13 @@ public:
     sh_->health.check("mpi::split", rank_);
     // (color, key) of every rank, waited against the deadline: once every
     // rank has sent it, MPI_Comm_split no longer waits for a missing rank.
-    int mine[2] = {color, key};
-    std::vector<int> all(2 * static_cast<std::size_t>(size_));
+    // (in the transport's state: a wait that throws abandons the request,
+    // and the transport, failed then, keeps the buffer)
+    std::vector<int>& all = sh_->split_all;
+    all.assign(2 * static_cast<std::size_t>(size_) + 2, 0);
+    int* mine = all.data() + 2 * static_cast<std::size_t>(size_);
+    mine[0] = color;
+    mine[1] = key;
     MPI_Request r = MPI_REQUEST_NULL;
     detail::mpi_check(MPI_Iallgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm_, &r), "MPI_Iallgather (split)",
                       rank_);
@@ -502,7 +542,12 @@ public:
       detail::mpi_shared& s;
       ~reset_call() { s.call = {}; }
     } reset{*sh_};
-    sh_->wait_native(r, "MPI_Iallgather (split)");
+    try {
+      sh_->wait_native(r, "MPI_Iallgather (split)");
+    } catch (const std::exception& e) {
+      sh_->fail_and_notify(std::string("mpi::split: rank ") + std::to_string(rank_) + ": " + e.what(), 1);
+      throw;
+    }
     MPI_Comm sub = MPI_COMM_NULL;
     detail::mpi_check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split", rank_);
     // the new transport's ranks in this one's order give its layout
@@ -541,6 +586,7 @@ public:
   mpi& operator=(const mpi&) = delete;
   mpi(mpi&& o) noexcept
       : comm_(o.comm_), owned_(o.owned_), rank_(o.rank_), size_(o.size_), half_ops_(o.half_ops_),
+        fused_op_(std::exchange(o.fused_op_, MPI_OP_NULL)), fused_type_(std::exchange(o.fused_type_, MPI_DATATYPE_NULL)),
         arena_(std::move(o.arena_)), progress_(std::move(o.progress_)), sh_(std::move(o.sh_)),
         shm_(std::move(o.shm_)), shm_map_(std::move(o.shm_map_)), topo_(std::move(o.topo_)),
         inter_fragment_(o.inter_fragment_), node_(std::move(o.node_)), cross_(std::move(o.cross_)) {
@@ -571,7 +617,10 @@ public:
     }
     for (auto& op : half_ops_)
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
+    if (fused_op_ != MPI_OP_NULL) MPI_Op_free(&fused_op_);
+    if (fused_type_ != MPI_DATATYPE_NULL) MPI_Type_free(&fused_type_);
     if (!healthy_teardown()) {
+      detail::mpi_finalize_without_fence();
       sh_->abandoned = true;
       node_.reset(); // they see the parent abandoned
       cross_.reset();
@@ -627,7 +676,8 @@ public:
   ///   progress). On one node it costs one atomic load (the segment's abort
   ///   word, which a failing rank sets with its notices), elsewhere one
   ///   MPI_Improbe.
-  /// @throws dpkit::communicator_error naming the operation and the rank.
+  /// @throws dpkit::communicator_error naming the operation and the rank;
+  ///         dpkit::peer_error or dpkit::mismatch_error (a peer's notice).
   void check_usable(const char* op_name) {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -636,10 +686,20 @@ public:
                                ": MPI_Finalize was called in this process; the transport cannot be used");
     if (sh_->health.failed() || (shm_ && !shm_->aborted())) return;
     detail::mpi_notice n;
-    if (sh_->take_notice(MPI_ANY_SOURCE, n))
-      sh_->health.fail("rank " + std::to_string(n.rank) + " reported: " +
-                       std::string(n.text, strnlen(n.text, sizeof n.text)));
-    else if (shm_) // the notice itself may still sit in the failed rank's send queue
+    if (sh_->take_notice(MPI_ANY_SOURCE, n)) {
+      // as a wait would: a mismatch a peer found in a call this rank has
+      // finished (a broadcast root that sent and went on) names both sides
+      const std::string at = std::string(op_name) + ": rank " + std::to_string(rank_) + ": ";
+      try {
+        sh_->on_notice(n);
+      } catch (const mismatch_error& e) {
+        sh_->health.observed();
+        throw mismatch_error(at + e.what());
+      } catch (const peer_error& e) {
+        sh_->health.observed();
+        throw peer_error(at + e.what());
+      }
+    } else if (shm_) // the notice itself may still sit in the failed rank's send queue
       sh_->health.fail("a peer's collective failed (the node's abort word is set; its notice has not arrived yet)");
   }
   /// Fails this transport and sends a fault notice to every other rank, whose
@@ -649,15 +709,23 @@ public:
   /// deadline and fingerprint, non-blocking or blocking, with or without the
   /// fingerprint agreement step. Calling native_* directly without it runs
   /// the blocking MPI collective, as before.
-  /// At checking level 1 it also checks, with one small collective of a
-  /// fixed size, that every rank runs the same call (a count, op, type or
-  /// root difference is mismatch_error on every rank instead of Open MPI
-  /// aborting the job or returning disagreeing data).
-  /// @throws dpkit::mismatch_error, dpkit::timeout_error, dpkit::peer_error.
+  /// At checking level 1 (with the deadline: native_deadline) the native
+  /// call then first checks that every rank runs the same call (a count, op,
+  /// type or root difference is mismatch_error on every rank instead of Open
+  /// MPI aborting the job or returning disagreeing data): inside the
+  /// all-reduce itself for all-reduces of at most fused_check_bytes, with one
+  /// small collective of a fixed size before MPI's otherwise. The blocking
+  /// mode (native_deadline = false, how benchmarks time MPI itself) runs
+  /// MPI's call as it is.
   void begin_native(const detail::native_call& c) {
     sh_->call = c;
-    if (c.fp.valid && c.check == 1) check_same_call(c.fp);
+    sh_->check_pending = c.fp.valid && c.check == 1 && c.with_deadline;
   }
+  /// All-reduces of at most this many bytes carry the default level's check
+  /// in the reduction itself (one MPI_Iallreduce of a fixed
+  /// 32 + fused_check_bytes bytes with dpkit's MPI_Op), so it costs no extra
+  /// collective where an extra one would double the time.
+  static constexpr std::size_t fused_check_bytes = sizeof(detail::mpi_fused_block::payload);
   /// The agreement step of collective_options::check: every rank all-gathers
   /// its fingerprint (MPI_Iallgather waited against `due`), and any
   /// difference throws mismatch_error on every rank, naming both sides.
@@ -693,6 +761,12 @@ public:
   /// (f32 arithmetic) on MPI_UINT16_T. Counts above INT_MAX are split.
   void native_allreduce(const void* in, void* out, std::size_t count, element_type t, reduce_op op) {
     const std::size_t es = element_size(t);
+    if (sh_->check_pending && count * es <= fused_check_bytes) {
+      sh_->check_pending = false;
+      fused_allreduce(sh_->call.fp, in, out, count, t, op);
+      return;
+    }
+    run_pending_check();
     for_counts(count, [&](std::size_t off, int n) {
       const auto* i = static_cast<const std::byte*>(in) + off * es;
       auto* o = static_cast<std::byte*>(out) + off * es;
@@ -708,6 +782,7 @@ public:
   /// there and the front chunk is left unspecified).
   /// @throws dpkit::invalid_argument if count > INT_MAX.
   void native_reduce_scatter(const void* in, void* out, std::size_t count, element_type t, reduce_op op) {
+    run_pending_check();
     check_int(count, "MPI_Reduce_scatter_block");
     const std::size_t es = element_size(t);
     const auto* own = static_cast<const std::byte*>(in) + static_cast<std::size_t>(rank_) * count * es;
@@ -730,6 +805,7 @@ public:
   /// in == out + rank * count (NCCL's convention).
   /// @throws dpkit::invalid_argument if count > INT_MAX.
   void native_allgather(const void* in, void* out, std::size_t count, element_type t) {
+    run_pending_check();
     check_int(count, "MPI_Allgather");
     const auto* o = static_cast<const std::byte*>(out) + static_cast<std::size_t>(rank_) * count * element_size(t);
     const void* snd = in == o ? MPI_IN_PLACE : in;
@@ -740,6 +816,7 @@ public:
   }
   /// MPI_Bcast from root (copies in -> out on root first when they differ).
   void native_broadcast(const void* in, void* out, std::size_t count, element_type t, int root) {
+    run_pending_check();
     if (rank_ == root && in != out && count) std::memcpy(out, in, count * element_size(t));
     const std::size_t es = element_size(t);
     for_counts(count, [&](std::size_t off, int n) {
@@ -750,6 +827,7 @@ public:
   }
   /// MPI_Reduce to root (out is used on root only; counts above INT_MAX are split).
   void native_reduce(const void* in, void* out, std::size_t count, element_type t, reduce_op op, int root) {
+    run_pending_check();
     const std::size_t es = element_size(t);
     for_counts(count, [&](std::size_t off, int n) {
       const auto* i = static_cast<const std::byte*>(in) + off * es;
@@ -762,6 +840,7 @@ public:
   }
   /// MPI_Barrier.
   void native_barrier() {
+    run_pending_check();
     collective("MPI_Barrier", [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); }, [&] { return MPI_Barrier(comm_); });
   }
 
@@ -964,34 +1043,89 @@ private:
   // collectives by order alone, and ranks that pass different counts make
   // Open MPI's collectives abort the job (a double free in libnbc), different
   // ops, types or roots return disagreeing data. One MPI_Iallreduce of a
-  // fixed size (so it is well-formed whatever the ranks pass), MPI_MAX over
-  // (h, ~h) with h the fingerprint's hash and sequence number: every rank
-  // gets (h, ~h) back iff every rank runs the same call. On a difference,
-  // which every rank sees in the same result, they all-gather their
-  // fingerprints to name both sides (mismatch_error on every rank).
-  void check_same_call(const detail::fingerprint& fp) {
-    const std::uint64_t h = static_cast<std::uint64_t>(fp.hash()) << 32 ^ (fp.seq & 0xffffffffu) ^
-                            static_cast<std::uint64_t>(static_cast<std::uint32_t>(fp.stream)) * 0x9E3779B97F4A7C15ull;
-    std::uint64_t v[2] = {h, ~h};
+  // fixed size (one fused_block, so it is well-formed whatever the ranks
+  // pass), the max over (h, ~h) with h the fingerprint's hash and sequence
+  // number: every rank gets (h, ~h) back iff every rank runs the same call.
+  // On a difference, which every rank sees in the same result, they
+  // all-gather their fingerprints to name both sides (mismatch_error on
+  // every rank).
+  void check_same_call(const detail::fingerprint& fp) { fused_allreduce(fp, nullptr, nullptr, 0, element_type::u8, reduce_op::sum); }
+  void run_pending_check() {
+    if (!sh_->check_pending) return;
+    sh_->check_pending = false;
+    check_same_call(sh_->call.fp);
+  }
+  // The (h, ~h) pair of check_same_call.
+  static std::uint64_t call_hash(const detail::fingerprint& fp) noexcept {
+    return static_cast<std::uint64_t>(fp.hash()) << 32 ^ (fp.seq & 0xffffffffu) ^
+           static_cast<std::uint64_t>(static_cast<std::uint32_t>(fp.stream)) * 0x9E3779B97F4A7C15ull;
+  }
+  using fused_block = detail::mpi_fused_block;
+  // dpkit's MPI_Op over fused blocks: max of the pairs; where the blocks
+  // describe the same elements, the payloads reduced with the call's op in
+  // f32 arithmetic for f16/bf16 as everywhere in dpkit, else `differ` set.
+  // MPI's reduction buffers need not be aligned for a fused_block: each is
+  // copied into aligned locals and back.
+  static void fused_fn(void* in, void* inout, int* len, MPI_Datatype*) {
+    for (int i = 0; i < *len; ++i) {
+      fused_block a, b;
+      std::memcpy(&a, static_cast<const std::byte*>(in) + i * sizeof(fused_block), sizeof a);
+      std::memcpy(&b, static_cast<const std::byte*>(inout) + i * sizeof(fused_block), sizeof b);
+      combine(a, b);
+      std::memcpy(static_cast<std::byte*>(inout) + i * sizeof(fused_block), &b, sizeof b);
+    }
+  }
+  static void combine(const fused_block& a, fused_block& b) noexcept {
+    b.differ |= a.differ | (a.type != b.type || a.op != b.op || a.count != b.count ? 1u : 0u);
+    b.h = std::max(a.h, b.h);
+    b.nh = std::max(a.nh, b.nh);
+    if (b.differ || b.count == 0 || b.type > static_cast<std::uint32_t>(element_type::u64) ||
+        b.count * element_size(static_cast<element_type>(b.type)) > fused_check_bytes)
+      return;
+    visit_element_type(static_cast<element_type>(b.type), [&](auto v) {
+      using T = decltype(v);
+      T* dst = reinterpret_cast<T*>(b.payload);
+      reduce_host(dst, static_cast<const T*>(dst), reinterpret_cast<const T*>(a.payload), b.count,
+                  static_cast<reduce_op>(b.op));
+    });
+  }
+  // The default level's check as one MPI_Iallreduce of one fused_block
+  // (the same datatype and op for every call, so it is well-formed whatever
+  // the ranks pass), with `count` elements of payload reduced in it (0: the
+  // check alone, before MPI's own collective).
+  void fused_allreduce(const detail::fingerprint& fp, const void* in, void* out, std::size_t count, element_type t,
+                       reduce_op op) {
+    const std::uint64_t h = call_hash(fp);
+    fused_block& blk = sh_->check_block;
+    blk = fused_block{};
+    blk.h = h;
+    blk.nh = ~h;
+    blk.type = static_cast<std::uint32_t>(t);
+    blk.op = static_cast<std::uint32_t>(op == reduce_op::avg ? reduce_op::sum : op);
+    blk.count = static_cast<std::uint32_t>(count);
+    const std::size_t bytes = count * element_size(t);
+    if (bytes) std::memcpy(blk.payload, in, bytes);
     MPI_Request r = MPI_REQUEST_NULL;
-    detail::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MAX, comm_, &r), "MPI_Iallreduce (check)",
-                      rank_);
-    sh_->wait_native(r, "MPI_Iallreduce (check)");
-    if (v[0] == h && v[1] == ~h) return;
-    agree_now(fp);
-    // a hash collision of different calls cannot end here; equal
-    // fingerprints cannot differ in hash: unreachable but never silent
-    const std::string what = "collective mismatch: rank " + std::to_string(rank_) + " runs " + fp.str() +
-                             "; another rank runs another call at this sequence number";
-    sh_->health.fail(what);
-    throw mismatch_error(what);
+    detail::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, &blk, 1, fused_type_, fused_op_, comm_, &r), "MPI_Allreduce", rank_);
+    sh_->wait_native(r, "MPI_Allreduce");
+    if (blk.h != h || blk.nh != ~h || blk.differ) {
+      agree_now(fp);
+      const std::string what = "collective mismatch: rank " + std::to_string(rank_) + " runs " + fp.str() +
+                               "; another rank runs another call at this sequence number";
+      sh_->health.fail(what);
+      throw mismatch_error(what);
+    }
+    if (bytes) std::memcpy(out, blk.payload, bytes);
+    if (op == reduce_op::avg) finish_avg(out, count, t);
   }
   // All ranks all-gather their fingerprints; any difference is a mismatch
   // that every rank sees and names.
   void agree_now(const detail::fingerprint& fp) {
-    std::vector<detail::fingerprint> all(static_cast<std::size_t>(size_));
+    std::vector<detail::fingerprint>& all = sh_->agree_all;
+    all.assign(static_cast<std::size_t>(size_) + 1, detail::fingerprint{});
+    all.back() = fp; // the send buffer too (a sent fingerprint must outlive an abandoned request)
     MPI_Request r = MPI_REQUEST_NULL;
-    detail::mpi_check(MPI_Iallgather(&fp, sizeof fp, MPI_BYTE, all.data(), sizeof fp, MPI_BYTE, comm_, &r),
+    detail::mpi_check(MPI_Iallgather(&all.back(), sizeof fp, MPI_BYTE, all.data(), sizeof fp, MPI_BYTE, comm_, &r),
                       "MPI_Iallgather (agreement)", rank_);
     sh_->wait_native(r, "MPI_Iallgather (agreement)");
     for (int p = 0; p < size_; ++p) {
@@ -1082,6 +1216,10 @@ private:
                 static_cast<std::size_t>(*len), Op);
   }
   void create_half_ops() {
+    detail::mpi_check(MPI_Type_contiguous(static_cast<int>(sizeof(fused_block)), MPI_BYTE, &fused_type_),
+                      "MPI_Type_contiguous", rank_);
+    detail::mpi_check(MPI_Type_commit(&fused_type_), "MPI_Type_commit", rank_);
+    detail::mpi_check(MPI_Op_create(&fused_fn, 1, &fused_op_), "MPI_Op_create", rank_);
     half_ops_.fill(MPI_OP_NULL);
     const auto make = [&](std::size_t i, MPI_User_function* f) { detail::mpi_check(MPI_Op_create(f, 1, &half_ops_[i]), "MPI_Op_create", rank_); };
     make(0, &half_op<f16, reduce_op::sum>);
@@ -1098,6 +1236,8 @@ private:
   bool owned_ = false;
   int rank_ = 0, size_ = 0;
   std::array<MPI_Op, 8> half_ops_{};
+  MPI_Op fused_op_ = MPI_OP_NULL;                // fused_fn (the default level's check inside small all-reduces)
+  MPI_Datatype fused_type_ = MPI_DATATYPE_NULL;  // one fused_block
   std::unique_ptr<detail::scratch_arena> arena_ = std::make_unique<detail::scratch_arena>();
   std::unique_ptr<progress_thread> progress_ = std::make_unique<progress_thread>();
   std::unique_ptr<detail::mpi_shared> sh_ = std::make_unique<detail::mpi_shared>();
