@@ -4,6 +4,7 @@ renamed into place) for the test to check; any failed check raises (non-zero
 exit). Files, not stdout: mpirun forwards each rank's stdout in chunks, and a
 long line of one rank can be cut by another rank's output (CI saw two RESULT
 lines joined)."""
+import atexit
 import datetime
 import json
 import os
@@ -195,9 +196,40 @@ def case_timeout():
     return out
 
 
+def case_rank_death():
+    """The last rank _exits 300 ms into a loop of 64 MiB all-reduces; the
+    survivors raise (dpkit.PeerError) and record when. Their exit path
+    (dpkit's atexit: the group's shutdown, MPI_Finalize) is timed by the hook
+    main() registered before dpkit's."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    t = torch.ones(16 << 20)
+    dist.all_reduce(t)
+    dist.barrier()
+    if r == n - 1:
+        time.sleep(0.3)
+        (OUTDIR / "death").write_text(repr(time.monotonic()))
+        os._exit(3)
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < 60:
+            dist.all_reduce(t)
+        return {"error": "none"}
+    except dpkit.Error as e:
+        return {"error": type(e).__name__ + ": " + str(e)[:300], "error_at": time.monotonic()}
+
+
+OUTDIR = None
+
+
 def main():
+    global OUTDIR
     case, outdir = sys.argv[1], pathlib.Path(sys.argv[2])
-    timeout = datetime.timedelta(seconds=2 if case in ("timeout", "errors") else 120)
+    OUTDIR = outdir
+    if case == "rank_death":
+        # runs after dpkit's own atexit hook (registered later, run earlier)
+        atexit.register(lambda: (outdir / f"exit{os.environ.get('OMPI_COMM_WORLD_RANK', '?')}").write_text(
+            repr(time.monotonic())))
+    timeout = datetime.timedelta(seconds=2 if case in ("timeout", "errors") else 5 if case == "rank_death" else 120)
     dpkit.distributed.init_process_group("dpkit", timeout=timeout)
     result = globals()["case_" + case]()
     rank = dist.get_rank()

@@ -3,9 +3,12 @@ collectives against a local exact reference and against gloo on the same
 inputs, torch DDP over "dpkit" against DDP over "gloo", and the unhappy
 paths (mismatch, timeout, bad tensors)."""
 import json
+import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -79,3 +82,35 @@ def test_training_example_resumes(corpus, tmp_path, mpi_env):
     out = train(3, "--steps", "30", "--resume")
     assert "resumed at step 20, epoch 0, offset 40" in out
     assert "step 30 epoch 0 loss" in out and '"offset": 70' in out  # + 10 steps x 3 ranks
+
+
+def test_rank_death_survivors_exit(mpi_env, tmp_path):
+    """A rank _exits in the middle of a 64 MiB all-reduce (3 ranks, timeout
+    5 s, mpirun not aborting on a non-zero exit): each survivor raises a
+    dpkit error and its process exits (dpkit's atexit: the group's shutdown
+    and MPI_Finalize) within the timeout + 5 s of the death. Before, every
+    survivor hung forever in the transport's teardown (MPI_Win_free)."""
+    cmd = mpirun_cmd(3)
+    cmd = cmd[:1] + ["--mca", "orte_abort_on_non_zero_status", "0"] + cmd[1:] + [
+        sys.executable, str(WORKER), "rank_death", str(tmp_path)]
+    # mpirun itself may linger after a rank's death although every rank has
+    # exited (Open MPI 4.1): wait for the survivors' exit marks, then end it
+    p = subprocess.Popen(cmd, env=mpi_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None and not all(
+            (tmp_path / f"exit{r}").exists() for r in (0, 1)):
+        time.sleep(0.1)
+    if p.poll() is None:
+        time.sleep(1)
+        os.killpg(p.pid, signal.SIGKILL)
+    out = p.communicate()[0]
+    assert (tmp_path / "death").exists(), out[-3000:]
+    death = float((tmp_path / "death").read_text())
+    for rank in (0, 1):
+        res = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert res["error"].startswith("PeerError") or res["error"].startswith("TimeoutError"), (res, out[-3000:])
+        assert res["error_at"] - death < 5.0 + 5.0
+        assert (tmp_path / f"exit{rank}").exists(), out[-3000:]
+        exit_at = float((tmp_path / f"exit{rank}").read_text())
+        assert exit_at - death < 5.0 + 5.0, exit_at - death

@@ -134,12 +134,15 @@ inline bool mpi_watch_finalize() noexcept {
 }
 
 /// Lets MPI_Finalize return without waiting for every process of the job,
-/// called when a transport is torn down after a failure (a peer may be
-/// dead). Open MPI 4.1's MPI_Finalize ends with a fence over every process,
-/// which a rank that _exited can keep from completing forever (seen in 2 of
-/// 5 runs of `rank_death ring exit`); Open MPI's own switch for skipping it
-/// is the library variable ompi_async_mpi_finalize (OMPI_MCA_async_mpi_finalize=1
-/// at launch sets it), set here where the symbol exists. Other MPIs: nothing.
+/// called when a transport is torn down after a rank's process ended. Open
+/// MPI 4.1's MPI_Finalize ends with a fence over every process, which a rank
+/// that _exited can keep from completing forever (seen in 2 of 5 runs of
+/// `rank_death ring exit`); Open MPI's own switch for skipping it is the
+/// library variable ompi_async_mpi_finalize (OMPI_MCA_async_mpi_finalize=1
+/// at launch sets it), set here where the symbol exists. Only then: a rank
+/// that skips the fence while its live peers enter it leaves them waiting
+/// there forever (a timeout between live ranks must not set it). Other
+/// MPIs: nothing.
 inline void mpi_finalize_without_fence() noexcept {
 #if defined(OPEN_MPI) && OPEN_MPI
   if (void* p = ::dlsym(RTLD_DEFAULT, "ompi_async_mpi_finalize")) *static_cast<bool*>(p) = true;
@@ -149,7 +152,7 @@ inline void mpi_finalize_without_fence() noexcept {
 /// A fault notice, sent on control_tag to every other rank by a rank whose
 /// collective failed (fixed size, so it is one eager message).
 struct mpi_notice {
-  std::int32_t kind = 0; // 1: failure, 2: mismatch
+  std::int32_t kind = 0; // 1: failure, 2: mismatch, 3: a rank's process has ended
   std::int32_t rank = -1;
   fingerprint fp{};
   char text[472] = {};
@@ -182,6 +185,7 @@ struct mpi_shared {
   shm_segment* shm = nullptr;          // the shared segment, if any (its abort words)
   mpi_shared* parent = nullptr;        // the transport whose hierarchy this one serves (node or cross)
   bool abandoned = false;              // its destructor left the collective frees to MPI (~mpi)
+  bool peer_dead = false;              // a rank's process ended (found here or told by a notice of kind 3)
   bool check_pending = false;          // the native call's default-level check has not run yet
   // Buffers of dpkit's own non-blocking collectives (the check, the
   // agreement, split's exchange): here, not on a stack, because a wait that
@@ -206,7 +210,11 @@ struct mpi_shared {
   }
   /// Records the first failure and tells every other rank (once).
   void fail_and_notify(const std::string& what, int kind, const fingerprint* fp = nullptr) {
-    if (!health.fail(what)) return;
+    if (kind == 3) peer_dead = true;
+    if (!health.fail(what)) {
+      if (kind == 3 && parent) parent->peer_dead = true;
+      return;
+    }
     notice.kind = kind;
     notice.rank = rank;
     notice.fp = fp ? *fp : health.current();
@@ -227,6 +235,7 @@ struct mpi_shared {
   /// Handles a notice received from another rank: throws mismatch_error or
   /// peer_error (after failing this transport and telling the others).
   [[noreturn]] void on_notice(const mpi_notice& n) {
+    if (n.kind == 3) peer_dead = true;
     answer_mismatch(n);
     // A peer's failure notice may be the echo of a mismatch another peer
     // found in a call this rank has finished (a broadcast root that sent and
@@ -282,14 +291,23 @@ struct mpi_shared {
   /// it instead of waiting for the deadline (kill(pid, 0) per peer, about a
   /// microsecond each, from waits that have lasted a millisecond).
   void check_alive() {
-    for (int p = 0; p < size; ++p) {
-      const int pid = p == rank ? 0 : shm->control(p).pid.load(std::memory_order_relaxed);
-      if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
-      const std::string what = "rank " + std::to_string(p) + " (process " + std::to_string(pid) +
+    if (const int p = gone_peer(); p >= 0) {
+      const std::string what = "rank " + std::to_string(p) + " (process " +
+                               std::to_string(shm->control(p).pid.load(std::memory_order_relaxed)) +
                                " on this node) has ended without leaving the collective";
-      fail_and_notify(what, 1);
+      fail_and_notify(what, 3);
       throw peer_error("mpi: rank " + std::to_string(rank) + " stops: " + what);
     }
+  }
+  /// A rank of this node whose process no longer exists, or -1 (also -1
+  /// without a segment).
+  int gone_peer() const noexcept {
+    if (!shm) return -1;
+    for (int p = 0; p < size; ++p) {
+      const int pid = p == rank ? 0 : shm->control(p).pid.load(std::memory_order_relaxed);
+      if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) return p;
+    }
+    return -1;
   }
   /// On one node: a peer that waits too publishes its call in the segment;
   /// one at this call's sequence number and stream running another call is
@@ -651,8 +669,17 @@ public:
     for (auto& op : half_ops_)
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
     if (fused_op_ != MPI_OP_NULL) MPI_Op_free(&fused_op_);
+    // notices that arrived since this rank's last collective (a dead peer
+    // among them changes how MPI_Finalize must end)
+    if (!sh_->parent)
+      for (detail::mpi_notice n; sh_->take_notice(MPI_ANY_SOURCE, n);) {
+        if (n.kind == 3) sh_->peer_dead = true;
+        sh_->health.fail("rank " + std::to_string(n.rank) + " reported: " +
+                         std::string(n.text, strnlen(n.text, sizeof n.text)));
+      }
+    if (sh_->health.failed() && sh_->gone_peer() >= 0) sh_->peer_dead = true;
+    if (sh_->peer_dead) detail::mpi_finalize_without_fence();
     if (!healthy_teardown()) {
-      detail::mpi_finalize_without_fence();
       sh_->abandoned = true;
       node_.reset(); // they see the parent abandoned
       cross_.reset();
