@@ -5,7 +5,8 @@
 // never leave it waiting: the other ranks may be blocked in a collective (or a
 // plain MPI_Barrier) that the failed rank will never join, and the failed
 // rank itself must not unwind through destructors that do collective work
-// (dpkit::mpi frees its window and communicators, which waits for the peers).
+// (a communicator's free, a barrier in a user's destructor: they wait for the
+// peers; dpkit::mpi's own destructor never waits and tells its peers).
 // So with MPI, run_main does not catch: an exception no handler catches calls
 // std::terminate before any destructor runs (the Itanium C++ ABI every Linux
 // compiler uses searches for a handler first and unwinds only if it finds
