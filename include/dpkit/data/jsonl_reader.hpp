@@ -6,6 +6,7 @@
 
 #include <dpkit/core/errors.hpp>
 #include <dpkit/data/detail/hash.hpp>
+#include <dpkit/data/detail/posix_file.hpp>
 #include <dpkit/data/jsonl_build.hpp>
 #include <dpkit/data/jsonl_format.hpp>
 #include <dpkit/data/mapped_file.hpp>
@@ -309,8 +310,7 @@ private:
           f.stale = true;
           return false;
         }
-        const int flags = ::fcntl(fd.get(), F_GETFL);
-        if (flags >= 0) ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+        detail::clear_nonblock(fd.get());
         return true;
       };
       if (open_same(source_, f.source)) open_same(index_, f.index);

@@ -156,6 +156,10 @@ struct mpi_notice {
   std::int32_t rank = -1;
   fingerprint fp{};
   char text[472] = {};
+  /// "rank R reported: <text>".
+  std::string reported() const {
+    return "rank " + std::to_string(rank) + " reported: " + std::string(text, strnlen(text, sizeof text));
+  }
 };
 
 /// One block of dpkit::mpi's default-level check of a native call: the
@@ -246,8 +250,7 @@ struct mpi_shared {
       if (!take_notice(MPI_ANY_SOURCE, other)) break;
       answer_mismatch(other);
     }
-    const std::string text(n.text, strnlen(n.text, sizeof n.text));
-    const std::string what = "rank " + std::to_string(n.rank) + " reported: " + text;
+    const std::string what = n.reported();
     fail_and_notify(what, n.kind);
     if (n.kind == 2) throw mismatch_error(what);
     throw peer_error("mpi: rank " + std::to_string(rank) + " stops: " + what);
@@ -640,7 +643,7 @@ public:
         fused_op_(std::exchange(o.fused_op_, MPI_OP_NULL)),
         arena_(std::move(o.arena_)), progress_(std::move(o.progress_)), sh_(std::move(o.sh_)),
         shm_(std::move(o.shm_)), shm_map_(std::move(o.shm_map_)), topo_(std::move(o.topo_)),
-        inter_fragment_(o.inter_fragment_), finalize_hooked_(o.finalize_hooked_), node_(std::move(o.node_)), cross_(std::move(o.cross_)) {
+        inter_fragment_(o.inter_fragment_), node_(std::move(o.node_)), cross_(std::move(o.cross_)) {
     o.owned_ = false;
     o.half_ops_.fill(MPI_OP_NULL);
   }
@@ -662,10 +665,7 @@ public:
     if (!sh_) return;  // moved from
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (finalized) {
-      sh_->abandoned = true;
-      return;
-    }
+    if (finalized) return;
     for (auto& op : half_ops_)
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
     if (fused_op_ != MPI_OP_NULL) MPI_Op_free(&fused_op_);
@@ -674,8 +674,7 @@ public:
     if (!sh_->parent)
       for (detail::mpi_notice n; sh_->take_notice(MPI_ANY_SOURCE, n);) {
         if (n.kind == 3) sh_->peer_dead = true;
-        sh_->health.fail("rank " + std::to_string(n.rank) + " reported: " +
-                         std::string(n.text, strnlen(n.text, sizeof n.text)));
+        sh_->health.fail(n.reported());
       }
     if (sh_->health.failed() && sh_->gone_peer() >= 0) sh_->peer_dead = true;
     if (sh_->peer_dead) detail::mpi_finalize_without_fence();
@@ -739,7 +738,7 @@ public:
   ///         dpkit::peer_error or dpkit::mismatch_error (a peer's notice).
   void check_usable(const char* op_name) {
     int finalized = detail::mpi_finalizing().load(std::memory_order_acquire) ? 1 : 0;
-    if (!finalize_hooked_) MPI_Finalized(&finalized);
+    if (!detail::mpi_watch_finalize()) MPI_Finalized(&finalized);
     if (finalized)
       throw communicator_error(std::string(op_name) + ": rank " + std::to_string(rank_) +
                                ": MPI_Finalize was called in this process; the transport cannot be used");
@@ -936,7 +935,7 @@ private:
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) throw error("dpkit::mpi: MPI is not initialized (call MPI_Init_thread first)");
-    finalize_hooked_ = detail::mpi_watch_finalize();
+    detail::mpi_watch_finalize(); // before any collective's check_usable
     if (duplicate) {
       detail::mpi_check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup", -1);
       owned_ = true;
@@ -1319,7 +1318,6 @@ private:
   detail::shm_mapping shm_map_; // the memory shm_ points into
   node_topology topo_;
   std::size_t inter_fragment_ = 0; // bytes per message to another node (0: whole)
-  bool finalize_hooked_ = false;   // detail::mpi_finalizing() tracks MPI_Finalize
   std::unique_ptr<mpi> node_, cross_; // hierarchy (several nodes)
 };
 

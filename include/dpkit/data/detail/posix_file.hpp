@@ -85,6 +85,14 @@ private:
   int fd_;
 };
 
+/// Clears O_NONBLOCK on `fd` (opened with it so that its open(2) could not
+/// wait for a FIFO's writer): reads of the regular file behind it then block
+/// as usual. Best effort: never throws.
+inline void clear_nonblock(int fd) noexcept {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+}
+
 /// Opens `path` read-only as a regular file without ever blocking: a FIFO
 /// (whose open(2) waits for a writer), a device, a socket or a directory is
 /// refused before it is opened (stat), and the open itself uses O_NONBLOCK,
@@ -108,8 +116,7 @@ inline fd_guard open_regular_file(const std::filesystem::path& path, std::string
   if (fd.get() < 0) throw error(errno_message(std::string(what) + ": cannot open", path, errno));
   if (::fstat(fd.get(), &st) != 0) throw error(errno_message(std::string(what) + ": cannot stat", path, errno));
   if (!S_ISREG(st.st_mode)) refuse(st.st_mode);
-  const int flags = ::fcntl(fd.get(), F_GETFL);
-  if (flags >= 0) ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  clear_nonblock(fd.get());
   return fd;
 }
 
