@@ -1,11 +1,21 @@
 // dpkit internals: the key-value stores behind a Gloo store URL
-// (file:///dir, redis://host:port/job), for the Gloo transport's rendezvous
-// (as a gloo::rendezvous::Store) and for elastic membership, which needs
-// more than Gloo's own stores give: a key created at most once by exactly one
-// of several racing writers (Gloo's FileStore checks, then renames: two
-// writers can both succeed), keys that can be overwritten (heartbeats; Gloo's
-// stores write each key once), and waits measured in milliseconds (Gloo's
-// FileStore counts whole seconds). Not for users.
+// (file:///dir, redis://host:port/job, tcp://host:port), for the Gloo
+// transport's rendezvous (as a gloo::rendezvous::Store) and for elastic
+// membership, which needs more than Gloo's own stores give: a key created at
+// most once by exactly one of several racing writers (Gloo's FileStore
+// checks, then renames: two writers can both succeed), keys that can be
+// overwritten (heartbeats; Gloo's stores write each key once), and waits
+// measured in milliseconds (Gloo's FileStore counts whole seconds).
+//
+// tcp://HOST:PORT is a store with no server to run beforehand, as
+// torch.distributed's TCPStore(host, port, world_size, is_master): the rank
+// told to serve (rank 0: open_kv_store's `rank` argument; tcp_kv_store's
+// `serve`) runs the server on a thread of its own process, and every rank,
+// rank 0 too, is a client of it over one TCP connection. The URL is the same
+// on every rank; who serves is not in the URL but in the rank the caller
+// passes (torch's is_master = rank 0 of the env:// init method). The store
+// lives as long as rank 0's store object: rank 0 must not close it while
+// others still use it. Not for users.
 #pragma once
 
 #include "../../core/errors.hpp"
@@ -20,7 +30,13 @@
 #define DPKIT_GLOO_REDIS 0
 #endif
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -28,6 +44,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -37,46 +54,35 @@
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace dpkit::detail {
 
-/// A parsed store URL: file:///path or redis://host[:port]/job.
+/// A parsed store URL: file:///path, redis://host[:port]/job or
+/// tcp://host:port.
 struct gloo_store_url {
   bool redis = false;
+  bool tcp = false;
   std::string path;       // file: absolute directory
-  std::string host;       // redis
-  int port = 6379;        // redis
+  std::string host;       // redis, tcp
+  int port = 6379;        // redis (default 6379), tcp (always given)
   std::string job;        // redis: the job's key namespace
 };
 
-/// Parses a store URL. `file:///abs/dir` (a directory, created if missing)
-/// or `redis://host[:port]/job` (port 1-65535, default 6379; host may be an
-/// [IPv6] literal; job non-empty).
+/// Parses a store URL. `file:///abs/dir` (a directory, created if missing),
+/// `redis://host[:port]/job` (port 1-65535, default 6379; job non-empty) or
+/// `tcp://host:port` (port 1-65535, required; nothing after the port but an
+/// optional "/"); a host may be an [IPv6] literal.
 /// @throws dpkit::invalid_argument naming the URL and what is wrong.
 inline gloo_store_url parse_gloo_store_url(std::string_view url) {
   auto bad = [&](const std::string& why) -> invalid_argument {
     return invalid_argument("gloo_transport: store URL '" + std::string(url) + "': " + why +
-                            " (expected file:///absolute/directory or redis://host:port/job)");
+                            " (expected file:///absolute/directory, redis://host:port/job or tcp://host:port)");
   };
   gloo_store_url u;
-  constexpr std::string_view file = "file://", redis = "redis://";
-  if (url.substr(0, file.size()) == file) {
-    const std::string_view rest = url.substr(file.size());
-    if (rest.empty() || rest.front() != '/')
-      throw bad(rest.empty() ? "no path" : "a file URL names a local absolute path (file:///dir), not a host");
-    if (rest.size() == 1) throw bad("the path is the root directory");
-    u.path = std::string(rest);
-    return u;
-  }
-  if (url.substr(0, redis.size()) == redis) {
-    u.redis = true;
-    std::string_view rest = url.substr(redis.size());
-    const auto slash = rest.find('/');
-    if (slash == std::string_view::npos) throw bad("no job name after the host (redis://host:port/job)");
-    std::string_view hostport = rest.substr(0, slash);
-    u.job = std::string(rest.substr(slash + 1));
-    if (u.job.empty()) throw bad("empty job name");
+  // host[:port] or [v6][:port] into u.host / u.port; returns whether a port was given.
+  auto host_port = [&](std::string_view hostport) -> bool {
     std::string_view port;
     if (!hostport.empty() && hostport.front() == '[') {
       const auto close = hostport.find(']');
@@ -97,16 +103,43 @@ inline gloo_store_url parse_gloo_store_url(std::string_view url) {
       }
     }
     if (u.host.empty()) throw bad("empty host");
-    if (!port.empty()) {
-      long p = 0;
-      for (char c : port) {
-        if (c < '0' || c > '9') throw bad("port '" + std::string(port) + "' is not a number");
-        p = p * 10 + (c - '0');
-        if (p > 65535) break;
-      }
-      if (p < 1 || p > 65535) throw bad("port '" + std::string(port) + "' is out of range 1-65535");
-      u.port = static_cast<int>(p);
+    if (port.empty()) return false;
+    long p = 0;
+    for (char c : port) {
+      if (c < '0' || c > '9') throw bad("port '" + std::string(port) + "' is not a number");
+      p = p * 10 + (c - '0');
+      if (p > 65535) break;
     }
+    if (p < 1 || p > 65535) throw bad("port '" + std::string(port) + "' is out of range 1-65535");
+    u.port = static_cast<int>(p);
+    return true;
+  };
+  constexpr std::string_view file = "file://", redis = "redis://", tcp = "tcp://";
+  if (url.substr(0, file.size()) == file) {
+    const std::string_view rest = url.substr(file.size());
+    if (rest.empty() || rest.front() != '/')
+      throw bad(rest.empty() ? "no path" : "a file URL names a local absolute path (file:///dir), not a host");
+    if (rest.size() == 1) throw bad("the path is the root directory");
+    u.path = std::string(rest);
+    return u;
+  }
+  if (url.substr(0, redis.size()) == redis) {
+    u.redis = true;
+    std::string_view rest = url.substr(redis.size());
+    const auto slash = rest.find('/');
+    if (slash == std::string_view::npos) throw bad("no job name after the host (redis://host:port/job)");
+    u.job = std::string(rest.substr(slash + 1));
+    if (u.job.empty()) throw bad("empty job name");
+    host_port(rest.substr(0, slash));
+    return u;
+  }
+  if (url.substr(0, tcp.size()) == tcp) {
+    u.tcp = true;
+    std::string_view rest = url.substr(tcp.size());
+    const auto slash = rest.find('/');
+    if (slash != std::string_view::npos && slash + 1 != rest.size())
+      throw bad("a tcp:// store takes no path (tcp://host:port)");
+    if (!host_port(rest.substr(0, slash))) throw bad("no port (tcp://host:port)");
     return u;
   }
   throw bad("unknown scheme");
@@ -321,13 +354,489 @@ private:
 };
 #endif
 
-/// Opens the store `url` names (its keys under "dpkit" for a file store,
-/// "dpkit/<job>" for Redis: the returned prefix). The store's own messages
-/// say "store 'URL'"; `where` (the caller) prefixes the errors of opening.
+// ---- tcp://host:port: a store served by one rank's thread ----
+
+namespace tcp_store_io {
+
+/// The handshake both ends send first ("dpKS", protocol version 1): a client
+/// that reaches something else (torchrun's own TCPStore on MASTER_PORT, a web
+/// server) fails at once instead of exchanging garbage.
+inline constexpr std::uint32_t magic = 0x64704b53u, version = 1;
+/// Requests: one byte op, u32 key length, u32 value length, key, value (all
+/// integers big-endian). Replies: one byte status (1 true / found, 0 false /
+/// absent), u32 length, value.
+enum op : std::uint8_t { op_create = 1, op_put = 2, op_get = 3, op_exists = 4 };
+/// The largest key and value a request may carry (the server drops a
+/// connection that sends more).
+inline constexpr std::uint32_t max_key = 64u << 10, max_value = 256u << 20;
+inline constexpr std::size_t request_header = 9, reply_header = 5;
+
+enum class result { ok, timeout, closed, failed };
+
+inline void put_u32(char* p, std::uint32_t v) {
+  v = htonl(v);
+  std::memcpy(p, &v, 4);
+}
+inline std::uint32_t get_u32(const char* p) {
+  std::uint32_t v;
+  std::memcpy(&v, p, 4);
+  return ntohl(v);
+}
+inline int ms_until(std::chrono::steady_clock::time_point until) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+  return left.count() <= 0 ? 0 : static_cast<int>(std::min<long long>(left.count() + 1, 1 << 30));
+}
+/// Waits until fd is ready for `events` or `until` passes.
+inline result wait_fd(int fd, short events, std::chrono::steady_clock::time_point until) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int ms = ms_until(until);
+    const int rc = ::poll(&p, 1, ms);
+    if (rc > 0) return result::ok; // errors and hang-ups show in the read or write that follows
+    if (rc < 0 && errno != EINTR) return result::failed;
+    if (rc == 0 && ms == 0) return result::timeout;
+  }
+}
+/// Sends all `n` bytes on a non-blocking socket by `until`.
+inline result send_all(int fd, const char* p, std::size_t n, std::chrono::steady_clock::time_point until, int& err) {
+  while (n > 0) {
+    const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k > 0) {
+      p += k;
+      n -= static_cast<std::size_t>(k);
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      const result r = wait_fd(fd, POLLOUT, until);
+      if (r != result::ok) return r;
+      continue;
+    }
+    err = errno;
+    return (errno == EPIPE || errno == ECONNRESET) ? result::closed : result::failed;
+  }
+  return result::ok;
+}
+/// Receives exactly `n` bytes from a non-blocking socket by `until`.
+inline result recv_all(int fd, char* p, std::size_t n, std::chrono::steady_clock::time_point until, int& err) {
+  while (n > 0) {
+    const ssize_t k = ::recv(fd, p, n, 0);
+    if (k > 0) {
+      p += k;
+      n -= static_cast<std::size_t>(k);
+      continue;
+    }
+    if (k == 0) return result::closed;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      const result r = wait_fd(fd, POLLIN, until);
+      if (r != result::ok) return r;
+      continue;
+    }
+    err = errno;
+    return errno == ECONNRESET ? result::closed : result::failed;
+  }
+  return result::ok;
+}
+/// host:port as a message prints it ([v6]:port for an IPv6 literal).
+inline std::string endpoint(const std::string& host, int port) {
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+/// Whether `host` is a loopback literal (127.x.y.z, ::1): the server then
+/// listens on it alone.
+inline bool loopback_literal(const std::string& host) {
+  in_addr a4{};
+  if (::inet_pton(AF_INET, host.c_str(), &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+  in6_addr a6{};
+  if (::inet_pton(AF_INET6, host.c_str(), &a6) == 1) return IN6_IS_ADDR_LOOPBACK(&a6);
+  return false;
+}
+
+} // namespace tcp_store_io
+
+/// The server of a tcp:// store: a thread of the serving rank's process that
+/// accepts any number of clients and answers their requests one at a time
+/// from a hash map it alone touches (so of racing create() calls exactly one
+/// wins). It listens on every interface (IPv6 with IPv4 mapped, else IPv4),
+/// as torch's TCPStore does: MASTER_ADDR is often a name or a service
+/// address that is not an address of rank 0's own interfaces; on the
+/// loopback address alone when `host` is a loopback literal (a job of one
+/// machine is not reachable from the network). SO_REUSEADDR: a port an
+/// earlier job's store left in TIME_WAIT can be bound again.
+class tcp_store_server {
+public:
+  /// Binds and listens on `port`; the thread runs until destruction.
+  /// @throws dpkit::error naming `where`, the endpoint and the reason when
+  ///         the port cannot be bound (in use, a privileged port).
+  tcp_store_server(const std::string& host, int port, const std::string& where) {
+    namespace io = tcp_store_io;
+    const std::string ep = io::endpoint(host, port);
+    int err = 0;
+    if (io::loopback_literal(host)) {
+      addrinfo hints{};
+      hints.ai_flags = AI_NUMERICHOST;
+      hints.ai_socktype = SOCK_STREAM;
+      addrinfo* ai = nullptr;
+      if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &ai) == 0 && ai) {
+        listen_fd_ = bind_listen(ai->ai_family, ai->ai_addr, ai->ai_addrlen, false, err);
+        ::freeaddrinfo(ai);
+      }
+    } else {
+      sockaddr_in6 a6{};
+      a6.sin6_family = AF_INET6;
+      a6.sin6_port = htons(static_cast<std::uint16_t>(port));
+      a6.sin6_addr = in6addr_any;
+      listen_fd_ = bind_listen(AF_INET6, reinterpret_cast<sockaddr*>(&a6), sizeof a6, true, err);
+      if (listen_fd_ < 0 && (err == EAFNOSUPPORT || err == EADDRNOTAVAIL)) {
+        sockaddr_in a4{};
+        a4.sin_family = AF_INET;
+        a4.sin_port = htons(static_cast<std::uint16_t>(port));
+        a4.sin_addr.s_addr = htonl(INADDR_ANY);
+        listen_fd_ = bind_listen(AF_INET, reinterpret_cast<sockaddr*>(&a4), sizeof a4, false, err);
+      }
+    }
+    if (listen_fd_ < 0)
+      throw error(where + ": rank 0 serves this store and cannot listen on port " + std::to_string(port) + " (" + ep +
+                  "): " + std::strerror(err) +
+                  (err == EADDRINUSE ? std::string(" (another program, or a store of another job, holds the port; under "
+                                                   "torchrun MASTER_PORT is the launcher's own store: name a free port, "
+                                                   "e.g. DPKIT_RENDEZVOUS=tcp://MASTER_ADDR:PORT)")
+                                     : std::string()));
+    if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
+      const int e = errno;
+      ::close(listen_fd_);
+      throw error(where + ": cannot create the store server's wake-up pipe: " + std::strerror(e));
+    }
+    thread_ = std::thread([this] { serve(); });
+  }
+  tcp_store_server(const tcp_store_server&) = delete;
+  tcp_store_server& operator=(const tcp_store_server&) = delete;
+  /// Stops the thread (it wakes at once, or at its next 100 ms poll) and
+  /// closes the listening socket and every client connection.
+  ~tcp_store_server() {
+    stop_.store(true);
+    const char c = 0;
+    [[maybe_unused]] const ssize_t n = ::write(wake_[1], &c, 1);
+    if (thread_.joinable()) thread_.join();
+    for (auto& c2 : conns_) ::close(c2.fd);
+    ::close(listen_fd_);
+    ::close(wake_[0]);
+    ::close(wake_[1]);
+  }
+
+private:
+  struct conn {
+    int fd = -1;
+    bool greeted = false;
+    std::vector<char> in;
+  };
+
+  static int bind_listen(int family, const sockaddr* a, socklen_t len, bool dual_stack, int& err) {
+    const int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+      err = errno;
+      return -1;
+    }
+    const int one = 1, zero = 0;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (dual_stack) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    if (::bind(fd, a, len) != 0 || ::listen(fd, 1024) != 0) {
+      err = errno;
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  }
+
+  void serve() {
+    std::vector<pollfd> fds;
+    while (!stop_.load()) {
+      fds.clear();
+      fds.push_back({wake_[0], POLLIN, 0});
+      fds.push_back({listen_fd_, POLLIN, 0});
+      for (const auto& c : conns_) fds.push_back({c.fd, POLLIN, 0});
+      const int rc = ::poll(fds.data(), fds.size(), 100);
+      if (rc <= 0) continue;
+      if (fds[0].revents) break;
+      std::vector<bool> drop(conns_.size(), false);
+      for (std::size_t i = 0; i < conns_.size(); ++i)
+        if (fds[i + 2].revents) drop[i] = !read_from(conns_[i]);
+      for (std::size_t i = conns_.size(); i-- > 0;)
+        if (drop[i]) {
+          ::close(conns_[i].fd);
+          conns_.erase(conns_.begin() + static_cast<std::ptrdiff_t>(i));
+        }
+      if (fds[1].revents & POLLIN)
+        for (;;) {
+          const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+          if (fd < 0) break;
+          const int one = 1;
+          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          conns_.push_back({fd, false, {}});
+        }
+    }
+  }
+
+  // Reads what is there and answers every complete request; false: close it
+  // (the peer closed, or broke the protocol, or did not read its replies).
+  bool read_from(conn& c) {
+    namespace io = tcp_store_io;
+    char buf[65536];
+    for (;;) {
+      const ssize_t k = ::recv(c.fd, buf, sizeof buf, 0);
+      if (k > 0) {
+        c.in.insert(c.in.end(), buf, buf + k);
+        continue;
+      }
+      if (k == 0) return false;
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      return false;
+    }
+    std::size_t at = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    int err = 0;
+    if (!c.greeted) {
+      if (c.in.size() < 8) return true;
+      if (io::get_u32(c.in.data()) != io::magic || io::get_u32(c.in.data() + 4) != io::version) return false;
+      char hello[8];
+      io::put_u32(hello, io::magic);
+      io::put_u32(hello + 4, io::version);
+      if (io::send_all(c.fd, hello, 8, until, err) != io::result::ok) return false;
+      c.greeted = true;
+      at = 8;
+    }
+    while (c.in.size() - at >= io::request_header) {
+      const char* h = c.in.data() + at;
+      const auto op = static_cast<std::uint8_t>(h[0]);
+      const std::uint32_t klen = io::get_u32(h + 1), vlen = io::get_u32(h + 5);
+      if (op < io::op_create || op > io::op_exists || klen > io::max_key || vlen > io::max_value) return false;
+      if (c.in.size() - at < io::request_header + klen + vlen) break;
+      std::string key(h + io::request_header, klen);
+      const char* v = h + io::request_header + klen;
+      std::uint8_t status = 0;
+      const std::vector<char>* out = nullptr;
+      switch (op) {
+      case io::op_create: status = data_.try_emplace(std::move(key), v, v + vlen).second ? 1 : 0; break;
+      case io::op_put: data_[std::move(key)].assign(v, v + vlen); status = 1; break;
+      case io::op_get: {
+        const auto it = data_.find(key);
+        if (it != data_.end()) {
+          status = 1;
+          out = &it->second;
+        }
+        break;
+      }
+      default: status = data_.count(key) ? 1 : 0; break;
+      }
+      at += io::request_header + klen + vlen;
+      char r[io::reply_header];
+      r[0] = static_cast<char>(status);
+      io::put_u32(r + 1, out ? static_cast<std::uint32_t>(out->size()) : 0u);
+      if (io::send_all(c.fd, r, sizeof r, until, err) != io::result::ok) return false;
+      if (out && !out->empty() && io::send_all(c.fd, out->data(), out->size(), until, err) != io::result::ok)
+        return false;
+    }
+    c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(at));
+    return true;
+  }
+
+  int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};
+  std::atomic<bool> stop_{false};
+  std::vector<conn> conns_;
+  std::unordered_map<std::string, std::vector<char>> data_;
+  std::thread thread_;
+};
+
+/// A tcp://host:port store: a client of the store's server over one TCP
+/// connection (requests serialized by a mutex), and the server itself when
+/// `serve` (rank 0). Connecting retries until the timeout, as torch's
+/// TCPStore does while its server starts (the first rank may start last);
+/// every reply is awaited until the timeout too. A store this client cannot
+/// reach in time gives timeout_error; a lost connection (the serving
+/// process ended) gives dpkit::error, and so does every later request.
+class tcp_kv_store final : public kv_store {
+public:
+  /// @param serve run the server here (exactly one rank of the job: rank 0).
+  /// @param timeout limit of connecting (retried until then), of each
+  ///        request's reply, and the default of wait() and get().
+  /// @throws dpkit::timeout_error naming `where` when no server answers
+  ///         within `timeout`; dpkit::error when the port cannot be bound
+  ///         (serve) or something else than a dpkit store answers.
+  tcp_kv_store(const std::string& host, int port, bool serve, std::string where, std::chrono::milliseconds timeout)
+      : kv_store(std::move(where), timeout), host_(host), port_(port) {
+    if (serve) server_ = std::make_unique<tcp_store_server>(host, port, where_);
+    connect();
+  }
+  ~tcp_kv_store() override {
+    if (fd_ >= 0) ::close(fd_);
+    server_.reset(); // after our own connection: the server closes the rest
+  }
+  tcp_kv_store(const tcp_kv_store&) = delete;
+  tcp_kv_store& operator=(const tcp_kv_store&) = delete;
+
+  bool create(const std::string& key, const std::vector<char>& value) override {
+    return request(tcp_store_io::op_create, key, &value, nullptr);
+  }
+  void put(const std::string& key, const std::vector<char>& value) override {
+    request(tcp_store_io::op_put, key, &value, nullptr);
+  }
+  std::optional<std::vector<char>> try_get(const std::string& key) override {
+    std::vector<char> v;
+    if (!request(tcp_store_io::op_get, key, nullptr, &v)) return std::nullopt;
+    return v;
+  }
+  bool exists(const std::string& key) override { return request(tcp_store_io::op_exists, key, nullptr, nullptr); }
+  /// Whether this object runs the store's server.
+  bool serving() const noexcept { return server_ != nullptr; }
+
+private:
+  void connect() {
+    namespace io = tcp_store_io;
+    using clock = std::chrono::steady_clock;
+    const auto until = clock::now() + timeout_;
+    const std::string ep = io::endpoint(host_, port_);
+    std::string last = "no attempt";
+    auto backoff = std::chrono::milliseconds(10);
+    for (;;) {
+      addrinfo hints{};
+      hints.ai_family = AF_UNSPEC;
+      hints.ai_socktype = SOCK_STREAM;
+      addrinfo* list = nullptr;
+      const int gai = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &list);
+      if (gai != 0) last = std::string("cannot resolve '") + host_ + "': " + ::gai_strerror(gai);
+      for (addrinfo* ai = list; ai && fd_ < 0; ai = ai->ai_next) {
+        const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+        if (fd < 0) {
+          last = std::strerror(errno);
+          continue;
+        }
+        int err = 0;
+        if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+          err = errno;
+          if (err == EINPROGRESS) {
+            const io::result r = io::wait_fd(fd, POLLOUT, until);
+            socklen_t len = sizeof err;
+            if (r != io::result::ok) err = ETIMEDOUT;
+            else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+          }
+        }
+        if (err != 0) {
+          last = std::strerror(err);
+          ::close(fd);
+          continue;
+        }
+        const int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        fd_ = fd;
+      }
+      if (list) ::freeaddrinfo(list);
+      if (fd_ >= 0) break;
+      if (clock::now() >= until)
+        throw timeout_error(where_ + ": no store server answered at " + ep + " within " +
+                            std::to_string(timeout_.count()) + " ms (last attempt: " + last +
+                            "; rank 0 serves it: is rank 0 running, and is " + host_ + " its address?)");
+      std::this_thread::sleep_for(std::min<clock::duration>(backoff, until - clock::now()));
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+    }
+    // The handshake: something else listening there (torchrun's own store
+    // on MASTER_PORT) either closes, answers something else, or stays
+    // silent: 10 s at most, within the timeout.
+    char hello[8], reply[8];
+    io::put_u32(hello, io::magic);
+    io::put_u32(hello + 4, io::version);
+    const auto hs_until = std::min(until, clock::now() + std::chrono::seconds(10));
+    int err = 0;
+    io::result r = io::send_all(fd_, hello, 8, hs_until, err);
+    if (r == io::result::ok) r = io::recv_all(fd_, reply, 8, hs_until, err);
+    if (r == io::result::ok && io::get_u32(reply) == io::magic && io::get_u32(reply + 4) == io::version) return;
+    ::close(fd_);
+    fd_ = -1;
+    const std::string what = where_ + ": the program listening at " + ep + " is not a dpkit store (";
+    const std::string hint = "; under torchrun MASTER_PORT is the launcher's own store: name a free port, e.g. "
+                             "DPKIT_RENDEZVOUS=tcp://MASTER_ADDR:PORT)";
+    if (r == io::result::timeout && hs_until == until)
+      throw timeout_error(what + "no handshake within the store's timeout of " + std::to_string(timeout_.count()) +
+                          " ms" + hint);
+    throw error(what + (r == io::result::ok        ? std::string("it answered the handshake with something else")
+                        : r == io::result::timeout ? std::string("no handshake reply within 10 s")
+                        : r == io::result::closed  ? std::string("it closed the connection at the handshake")
+                                                   : std::string(std::strerror(err))) +
+                hint);
+  }
+
+  // One request and its reply; the reply's status. `value` is sent (create,
+  // put); `out` receives the reply's value (get).
+  bool request(std::uint8_t op, const std::string& key, const std::vector<char>* value, std::vector<char>* out) {
+    namespace io = tcp_store_io;
+    static constexpr const char* names[] = {"", "create", "put", "get", "exists"};
+    const std::string what = std::string(names[op]) + " of key '" + key + "'";
+    if (key.size() > io::max_key)
+      throw invalid_argument(where_ + ": " + what.substr(0, 64) + "...: the key has " + std::to_string(key.size()) +
+                             " bytes, more than " + std::to_string(io::max_key));
+    if (value && value->size() > io::max_value)
+      throw invalid_argument(where_ + ": " + what + ": the value has " + std::to_string(value->size()) +
+                             " bytes, more than " + std::to_string(io::max_value));
+    std::lock_guard lk(mu_);
+    if (fd_ < 0) throw error(where_ + ": " + what + ": the connection to the store's server was lost earlier");
+    const auto until = std::chrono::steady_clock::now() + timeout_;
+    const std::uint32_t vlen = value ? static_cast<std::uint32_t>(value->size()) : 0u;
+    std::vector<char> msg(io::request_header + key.size() + vlen);
+    msg[0] = static_cast<char>(op);
+    io::put_u32(msg.data() + 1, static_cast<std::uint32_t>(key.size()));
+    io::put_u32(msg.data() + 5, vlen);
+    std::memcpy(msg.data() + io::request_header, key.data(), key.size());
+    if (vlen) std::memcpy(msg.data() + io::request_header + key.size(), value->data(), vlen);
+    int err = 0;
+    io::result r = io::send_all(fd_, msg.data(), msg.size(), until, err);
+    char h[io::reply_header];
+    if (r == io::result::ok) r = io::recv_all(fd_, h, sizeof h, until, err);
+    std::uint32_t len = 0;
+    if (r == io::result::ok) {
+      len = io::get_u32(h + 1);
+      if (len > io::max_value) r = io::result::failed;
+      else if (out) {
+        out->resize(len);
+        if (len) r = io::recv_all(fd_, out->data(), len, until, err);
+      } else if (len) {
+        r = io::result::failed; // only get's replies carry a value
+      }
+    }
+    if (r == io::result::ok) return h[0] != 0;
+    // The stream is out of step (or gone): no later request may use it.
+    ::close(fd_);
+    fd_ = -1;
+    const std::string ep = io::endpoint(host_, port_);
+    if (r == io::result::timeout)
+      throw timeout_error(where_ + ": " + what + ": no reply from the store's server at " + ep + " within " +
+                          std::to_string(timeout_.count()) + " ms");
+    if (r == io::result::closed)
+      throw error(where_ + ": " + what + ": the store's server at " + ep +
+                  " closed the connection (rank 0, which serves it, ended or closed its store)");
+    throw error(where_ + ": " + what + ": " + (err ? std::strerror(err) : "a malformed reply") + " (server " + ep +
+                ")");
+  }
+
+  std::string host_;
+  int port_;
+  std::unique_ptr<tcp_store_server> server_;
+  std::mutex mu_;
+  int fd_ = -1;
+};
+
+/// Opens the store `url` names (its keys under "dpkit" for a file or tcp
+/// store, "dpkit/<job>" for Redis: the returned prefix). The store's own
+/// messages say "store 'URL'"; `where` (the caller) prefixes the errors of
+/// opening. For tcp://host:port, `rank` says who serves: rank 0 runs the
+/// server (torch's TCPStore is_master), every rank >= 0 is a client; a
+/// caller that does not know its rank (-1) cannot open a tcp:// store.
 /// @throws dpkit::invalid_argument for a bad URL (or redis:// without Redis
-///         support); dpkit::error when the store cannot be opened.
+///         support, or tcp:// with rank < 0); dpkit::timeout_error when a
+///         tcp:// store's server does not answer within `timeout`;
+///         dpkit::error when the store cannot be opened.
 inline std::unique_ptr<kv_store> open_kv_store(const std::string& url, const std::string& where,
-                                               std::chrono::milliseconds timeout, std::string& prefix) {
+                                               std::chrono::milliseconds timeout, std::string& prefix, int rank = -1) {
   const gloo_store_url u = parse_gloo_store_url(url);
   const std::string w = "store '" + url + "'";
   try {
@@ -339,10 +848,19 @@ inline std::unique_ptr<kv_store> open_kv_store(const std::string& url, const std
       throw invalid_argument(w + ": this build has no Redis store (Gloo without GLOO_USE_REDIS, or no hiredis headers)");
 #endif
     }
+    if (u.tcp) {
+      if (rank < 0)
+        throw invalid_argument(w + ": a tcp:// store is served by rank 0, and this caller does not pass its rank "
+                                   "(open it with dpkit::connect_launch or open_kv_store(..., rank))");
+      prefix = "dpkit";
+      return std::make_unique<tcp_kv_store>(u.host, u.port, rank == 0, w, timeout);
+    }
     prefix = "dpkit";
     return std::make_unique<file_kv_store>(u.path, w, timeout);
   } catch (const invalid_argument& e) {
     throw invalid_argument(where + ": " + e.what());
+  } catch (const timeout_error& e) {
+    throw timeout_error(where + ": " + e.what());
   } catch (const error& e) {
     throw error(where + ": " + e.what());
   }
