@@ -1,8 +1,9 @@
 /// @file gloo.hpp
 /// @brief The Gloo transport: ranks in any processes on any hosts, connected
 /// by Gloo's TCP pairs after a rendezvous through a store that a URL names
-/// (`file:///path` on one machine, `redis://host:port/job` across machines).
-/// Host memory. Unlike an MPI communicator it can be created again, by any
+/// (`file:///path` on one machine, `redis://host:port/job` across machines),
+/// and within a node by a shared-memory segment mapped through the same
+/// store (no MPI needed). Host memory. Unlike an MPI communicator it can be created again, by any
 /// set of processes, at any time: the foundation of elastic training
 /// (docs/elastic.md). Meson feature `gloo` (Debian libgloo-dev); never
 /// included by the umbrella header dpkit.hpp.
@@ -36,6 +37,8 @@
 #include "detail/gloo_store.hpp"
 #include "detail/health.hpp"
 #include "detail/scratch_arena.hpp"
+#include "detail/store_bootstrap.hpp"
+#include "topology.hpp"
 
 #include <gloo/common/error.h>
 #include <gloo/config.h>
@@ -49,6 +52,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cerrno>
 #include <csignal>
 #include <signal.h> // sigaction
 #include <cstddef>
@@ -160,21 +164,27 @@ public:
   comm_health& health() noexcept { return health_; }
   ::gloo::Context& context() { return *ctx_; }
 
-  /// Connects to every other rank through the store (a collective call of
-  /// all `size` ranks).
-  void connect(const std::string& url, const gloo_options& o) {
+  /// Opens the store `url` names and keeps it, with this group's key
+  /// prefix and options (nothing is written yet).
+  void attach(const std::string& url, const gloo_options& o) {
     std::string prefix;
     auto store = open_kv_store(url, where(), o.timeout, prefix);
-    connect(std::move(store), prefix, o);
+    attach(std::move(store), std::move(prefix), o);
   }
-  /// Connects through an open store, under `prefix` (+ "/" + o.prefix).
-  void connect(std::shared_ptr<kv_store> store, std::string prefix, const gloo_options& o) {
-    const std::string where = this->where();
-    const std::string url = store->where();
+  /// Keeps an open store, with the key prefix `prefix` (+ "/" + o.prefix).
+  void attach(std::shared_ptr<kv_store> store, std::string prefix, const gloo_options& o) {
     store_ = std::move(store);
     if (!o.prefix.empty()) prefix += "/" + o.prefix;
     key_prefix_ = prefix;
     options_ = o;
+  }
+  /// Connects to every other rank through the attached store (a
+  /// collective call of all `size` ranks).
+  void connect() {
+    const std::string where = this->where();
+    const std::string url = store_->where();
+    const std::string& prefix = key_prefix_;
+    const gloo_options& o = options_;
     prefixed_ = std::make_unique<::gloo::rendezvous::PrefixStore>(prefix, *store_);
 
     ::gloo::transport::tcp::attr attr;
@@ -220,6 +230,10 @@ public:
   const std::shared_ptr<kv_store>& store() const noexcept { return store_; }
   const std::string& key_prefix() const noexcept { return key_prefix_; }
   const gloo_options& options() const noexcept { return options_; }
+  /// The node's shared segment (store_bootstrap.hpp), or nullptr.
+  shm_segment* shm() const noexcept { return segment_.view.get(); }
+  /// Keeps the node's shared segment (mapped by store_map_segment).
+  void set_segment(store_segment s) noexcept { segment_ = std::move(s); }
   /// The number of this rank's earlier split() calls (then counts this one).
   std::uint64_t next_split() noexcept { return splits_++; }
 
@@ -303,6 +317,7 @@ public:
   /// peers' requests on them fail at once.
   void fail(const std::string& what) {
     health_.fail(what);
+    if (segment_.view) segment_.view->abort_all(); // peers waiting on the segment stop too
     abort_pending();
     if (!closed_.exchange(true) && ctx_) ctx_->closeConnections();
   }
@@ -393,6 +408,7 @@ private:
   std::function<bool(int)> peer_check_;
   std::chrono::milliseconds check_after_{0}, check_every_{0};
   std::vector<clock::time_point> last_check_;
+  store_segment segment_; // unmapped after the connections are closed
 };
 
 } // namespace detail
@@ -476,10 +492,24 @@ private:
 
 /// A group of ranks connected by Gloo's TCP transport (models
 /// dpkit::transport, checked_transport, scratch_transport, async_transport,
-/// splittable_transport).
-/// Every dpkit algorithm (ring, tree, dissemination barrier, the
-/// dispatchers' non-native choices) runs on it unchanged; it has no native
-/// collectives, no shared segment and no device memory.
+/// splittable_transport, shared_memory_transport, hierarchical_transport):
+/// dpkit's transport for processes started without MPI (torchrun,
+/// `accelerate launch`, srun, a Kubernetes operator, or by hand).
+/// Every dpkit algorithm (ring, tree, dissemination barrier, the shm
+/// collectives, the hierarchy, the dispatchers' non-native choices) runs on
+/// it unchanged; it has no native collectives and no device memory.
+///
+/// Nodes without MPI (transport/detail/store_bootstrap.hpp): before
+/// connecting, every rank declares its node (host name, boot id and
+/// /dev/shm) and its world size in the store, so ranks that disagree on the
+/// world size fail at once, naming both. When every rank is on one node they
+/// map one shared segment (a POSIX shared-memory object the lowest rank
+/// creates and unlinks once every rank has it mapped: a kill -9 leaves
+/// nothing in /dev/shm), and `automatic` runs the shm collectives on it;
+/// across nodes the constructor builds node_transport() (each node's ranks,
+/// with their segment) and cross_transport() through the same store, and
+/// the hierarchical collectives run on them, as on dpkit::mpi.
+/// DPKIT_SHM_BYTES and DPKIT_RANKS_PER_NODE mean what they mean there.
 ///
 /// Each of the `size` ranks, in any processes on any hosts that reach each
 /// other over TCP, constructs one with the same store URL and its own rank;
@@ -508,18 +538,15 @@ public:
       : st_(make_state(&store_url, rank, size)), arena_(std::make_unique<detail::scratch_arena>()),
         progress_(std::make_unique<progress_thread>()) {
     detail::gloo_ignore_sigpipe();
-    st_->connect(store_url, o);
+    st_->attach(store_url, o);
+    setup(nullptr);
   }
   /// Joins a group through an open store (what dpkit::elastic_group uses to
   /// share one store connection among its generations): the rendezvous keys
   /// are under `key_prefix` (+ "/" + o.prefix). Otherwise as above.
   gloo_transport(std::shared_ptr<detail::kv_store> store, const std::string& key_prefix, int rank, int size,
                  const gloo_options& o = {})
-      : st_(make_state(nullptr, rank, size)),
-        arena_(std::make_unique<detail::scratch_arena>()), progress_(std::make_unique<progress_thread>()) {
-    detail::gloo_ignore_sigpipe();
-    st_->connect(std::move(store), key_prefix, o);
-  }
+      : gloo_transport(std::move(store), key_prefix, rank, size, o, nullptr) {}
   gloo_transport(gloo_transport&&) = default;
   gloo_transport& operator=(gloo_transport&&) = default;
   gloo_transport(const gloo_transport&) = delete;
@@ -639,12 +666,106 @@ public:
     return gloo_transport(st_->store(), prefix, new_rank, static_cast<int>(members.size()), o);
   }
 
+  /// Which node each rank is on (hierarchical_transport): found through
+  /// the store at construction (host name, boot id and /dev/shm; see
+  /// transport/detail/store_bootstrap.hpp), subdivided by
+  /// DPKIT_RANKS_PER_NODE as on dpkit::mpi.
+  const node_topology& topology() const noexcept { return topo_; }
+  /// The transport over this rank's node (with the node's shared segment),
+  /// or nullptr when !topology().hierarchical() (hierarchical_transport).
+  /// Owned by this one.
+  gloo_transport* node_transport() noexcept { return node_.get(); }
+  /// The transport over this rank's peers on the other nodes (uniform
+  /// layout: the ranks with its local rank; otherwise the nodes' leaders,
+  /// and nullptr on the other ranks), or nullptr when
+  /// !topology().hierarchical() (hierarchical_transport). Owned by this one.
+  gloo_transport* cross_transport() noexcept { return cross_.get(); }
+  /// This rank's view of the node's shared segment (shared_memory_transport):
+  /// a POSIX shared-memory object every rank of the node maps, set up
+  /// through the store when every rank is on one node (unlinked once all
+  /// have it mapped: nothing is left in /dev/shm after a kill); nullptr
+  /// across nodes, for one rank, or with DPKIT_SHM_BYTES=0.
+  detail::shm_segment* shm() noexcept { return st_->shm(); }
+  /// Called by waits on the segment about every millisecond
+  /// (shared_memory_transport): publishes this rank's current call, then
+  /// throws peer_error when a rank of the node has ended (its process no
+  /// longer exists: kill(pid, 0)), mismatch_error when a waiting peer runs
+  /// another call at this call's sequence number (naming both), and
+  /// communicator_error when this transport failed; each failure first
+  /// fails the transport (its peers' waits end too).
+  void shm_poll(int /*peer*/, int /*tag*/) {
+    detail::shm_segment* seg = st_->shm();
+    if (seg && !health().failed()) {
+      const detail::fingerprint mine = health().current();
+      seg->publish(mine);
+      for (int p = 0; p < size(); ++p) {
+        if (p == rank()) continue;
+        const int pid = seg->control(p).pid.load(std::memory_order_relaxed);
+        if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+          const std::string what = where_rank() + ": rank " + std::to_string(p) + " (process " + std::to_string(pid) +
+                                   " on this node) has ended without leaving the collective";
+          st_->fail(what);
+          throw peer_error(what);
+        }
+        if (!mine.valid) continue;
+        const detail::fingerprint theirs = seg->published(p);
+        if (!theirs.valid || theirs.seq != mine.seq || theirs.stream != mine.stream || theirs.same_call(mine)) continue;
+        const std::string what = detail::mismatch_text(rank(), mine, p, theirs);
+        st_->fail(what);
+        throw mismatch_error(what);
+      }
+    }
+    health().check("shm", rank());
+  }
+
   /// This rank's communication thread (runs *_async collectives in order).
   progress_thread& progress() { return *progress_; }
   /// Host scratch reused by this rank's collectives (internal).
   detail::scratch_arena& scratch() { return *arena_; }
 
 private:
+  // Joins through an open store with the node layout given (the node and
+  // cross-node parts of a hierarchy) or found through the store (nullptr).
+  gloo_transport(std::shared_ptr<detail::kv_store> store, const std::string& key_prefix, int rank, int size,
+                 const gloo_options& o, const node_layout* layout)
+      : st_(make_state(nullptr, rank, size)), arena_(std::make_unique<detail::scratch_arena>()),
+        progress_(std::make_unique<progress_thread>()) {
+    detail::gloo_ignore_sigpipe();
+    st_->attach(std::move(store), key_prefix, o);
+    setup(layout);
+  }
+  // The node rendezvous (unless `layout` is given: then no store traffic),
+  // the connections, then the node's shared segment (every rank on one node)
+  // or the hierarchy's sub-transports (several nodes); see the class comment.
+  void setup(const node_layout* layout) {
+    const std::string where = st_->where();
+    const deadline due = deadline_after(st_->options().timeout);
+    const std::size_t slot = detail::shm_bytes_from_env(4u << 20);
+    auto& store = *st_->store();
+    const std::string& prefix = st_->key_prefix();
+    if (layout) topo_ = node_topology(*layout, rank());
+    else if (size() > 1)
+      topo_ = node_topology(
+          node_layout::canonicalize(detail::store_node_labels(store, prefix + "/nodes", rank(), size(), slot, due, where)),
+          rank());
+    else topo_ = node_topology(node_layout::single(1), 0);
+    st_->connect();
+    if (size() > 1 && topo_.nodes() == 1 && slot > 0)
+      st_->set_segment(detail::store_map_segment(store, prefix + "/shm", rank(), size(), slot, due, where));
+    if (!topo_.hierarchical()) return;
+    gloo_options o = st_->options();
+    o.prefix.clear();
+    const node_layout node_l = node_layout::single(topo_.local_size());
+    node_.reset(new gloo_transport(st_->store(), prefix + "/node/" + std::to_string(topo_.node()), topo_.local_rank(),
+                                   topo_.local_size(), o, &node_l));
+    if (topo_.uniform() || topo_.local_rank() == 0) {
+      // ranked by node, so cross rank k is on node k
+      const node_layout cross_l = node_layout::blocks(topo_.nodes(), 1);
+      cross_.reset(new gloo_transport(st_->store(), prefix + "/cross/" + std::to_string(topo_.local_rank()),
+                                      topo_.node(), topo_.nodes(), o, &cross_l));
+    }
+  }
+
   // Checks rank, size and (when given) the URL before anything is opened.
   static std::unique_ptr<detail::gloo_state> make_state(const std::string* url, int rank, int size) {
     if (size < 1) throw invalid_argument("gloo_transport: world size must be >= 1, got " + std::to_string(size));
@@ -654,6 +775,7 @@ private:
     if (url) (void)detail::parse_gloo_store_url(*url); // a bad URL is an invalid_argument before anything else
     return std::make_unique<detail::gloo_state>(rank, size);
   }
+  std::string where_rank() const { return "gloo_transport: rank " + std::to_string(rank()); }
   void check_peer(int peer, const char* what) const {
     if (peer < 0 || peer >= size() || peer == rank())
       throw invalid_argument(std::string("gloo_transport::") + what + ": rank " + std::to_string(rank()) +
@@ -667,6 +789,8 @@ private:
   std::unique_ptr<detail::gloo_state> st_;
   std::unique_ptr<detail::scratch_arena> arena_;
   std::unique_ptr<progress_thread> progress_;
+  node_topology topo_;
+  std::unique_ptr<gloo_transport> node_, cross_; // the hierarchy's parts (several nodes)
 };
 
 } // namespace dpkit

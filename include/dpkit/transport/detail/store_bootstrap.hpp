@@ -1,0 +1,269 @@
+// dpkit internals: what ranks that meet through a key-value store (no MPI)
+// need beyond their connections: which node each rank is on, and the node's
+// shared segment. Used by gloo_transport (and so by the torch backend
+// "dpkit" when it meets through torch's store, and by elastic_group). The
+// keys live under a prefix of the group's own, so two groups (two jobs, two
+// generations, a split) never read each other's. Not for users.
+//
+// Nodes: a rank's node is its identity, the host name plus the kernel's
+// boot id plus the device of /dev/shm (two processes can share a
+// POSIX shared-memory object exactly when they see the same /dev/shm on the
+// same boot; separate host names keep the emulated cluster's nodes apart),
+// subdivided by DPKIT_RANKS_PER_NODE as dpkit::mpi does. Every rank writes
+// "<prefix>/rank/<r>" and reads everyone's, which also checks that the
+// ranks agree on the world size, DPKIT_RANKS_PER_NODE and DPKIT_SHM_BYTES
+// (an error on every rank that sees a difference, naming both values).
+//
+// Segment: the node's lowest rank creates a POSIX shared-memory object
+// (shm_mapping.hpp) under a fresh name and publishes the name; the others
+// map it, set up their control lines and acknowledge; the creator then
+// unlinks the name (a kill -9 afterwards leaves nothing in /dev/shm) and
+// publishes the outcome, which every rank waits for: so nobody uses the
+// segment before every control line is set up, and a rank that cannot map
+// it, or never arrives (killed during the rendezvous), fails every rank of
+// the node within the deadline with a message naming it. Before creating,
+// the creator removes this user's dpkit segments whose creating process no
+// longer exists (a job killed inside that short window).
+#pragma once
+
+#include "../../core/errors.hpp"
+#include "../../core/options.hpp"
+#include "../topology.hpp"
+#include "gloo_store.hpp"
+#include "shm_mapping.hpp"
+#include "shm_segment.hpp"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+namespace dpkit::detail {
+
+/// This process's node identity (see the file comment): "host|boot id|dev".
+inline std::string node_identity() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  std::string boot;
+  if (std::ifstream f("/proc/sys/kernel/random/boot_id"); f) std::getline(f, boot);
+  struct stat st {};
+  const unsigned long long dev = ::stat("/dev/shm", &st) == 0 ? static_cast<unsigned long long>(st.st_dev) : 0;
+  return std::string(host) + "|" + boot + "|" + std::to_string(dev);
+}
+
+/// The value under `key`, waited for until `due`.
+/// @throws dpkit::timeout_error naming the store, the key and `what` (who
+///         did not write it).
+inline std::string store_get_until(kv_store& store, const std::string& key, deadline due, const std::string& where,
+                                   const std::string& what) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(due - clock::now());
+  try {
+    store.wait({key}, std::max(left, std::chrono::milliseconds(0)));
+  } catch (const timeout_error&) {
+    throw timeout_error(where + ": " + what + " did not arrive through " + store.where() + " within the deadline (key '" +
+                        key + "')");
+  }
+  auto v = store.try_get(key);
+  if (!v) throw error(where + ": key '" + key + "' of " + store.where() + " vanished");
+  return std::string(v->begin(), v->end());
+}
+
+/// Writes `value` under `key` (once).
+/// @throws dpkit::error when the key exists (an earlier group's keys under
+///         the same prefix) or the store fails.
+inline void store_set(kv_store& store, const std::string& key, const std::string& value, const std::string& where) {
+  if (!store.create(key, std::vector<char>(value.begin(), value.end())))
+    throw error(where + ": key '" + key + "' of " + store.where() +
+                " exists already (keys of an earlier group with the same prefix? use a fresh store or prefix)");
+}
+
+/// What one rank declares about itself in the node rendezvous.
+struct store_rank_info {
+  int size = 0;
+  int per_node = 0;
+  unsigned long long shm_bytes = 0;
+  std::string node;
+  std::string encode() const {
+    return std::to_string(size) + " " + std::to_string(per_node) + " " + std::to_string(shm_bytes) + " " + node;
+  }
+  static bool decode(const std::string& s, store_rank_info& out) {
+    char* end = nullptr;
+    const char* p = s.c_str();
+    out.size = static_cast<int>(std::strtol(p, &end, 10));
+    if (end == p || *end != ' ') return false;
+    p = end + 1;
+    out.per_node = static_cast<int>(std::strtol(p, &end, 10));
+    if (end == p || *end != ' ') return false;
+    p = end + 1;
+    out.shm_bytes = std::strtoull(p, &end, 10);
+    if (end == p || *end != ' ') return false;
+    out.node = std::string(end + 1);
+    return true;
+  }
+};
+
+/// Every rank's node label (node_layout::canonicalize's input), agreed
+/// through the store under `prefix` (collective over the `size` ranks).
+/// Rank r reads rank 0's declaration first, so a rank that got another world
+/// size fails at once with a message naming both sizes.
+/// @throws dpkit::invalid_argument when the ranks disagree on the world
+///         size, DPKIT_RANKS_PER_NODE or DPKIT_SHM_BYTES (naming both
+///         ranks and values) or one of these is malformed;
+///         dpkit::timeout_error when a rank does not arrive by `due`.
+inline std::vector<long long> store_node_labels(kv_store& store, const std::string& prefix, int rank, int size,
+                                                std::size_t shm_bytes, deadline due, const std::string& where) {
+  store_rank_info mine{size, ranks_per_node_from_env(), shm_bytes, node_identity()};
+  store_set(store, prefix + "/rank/" + std::to_string(rank), mine.encode(), where);
+  std::vector<store_rank_info> all(static_cast<std::size_t>(size));
+  all[static_cast<std::size_t>(rank)] = mine;
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    const std::string v = store_get_until(store, prefix + "/rank/" + std::to_string(p), due, where,
+                                          "rank " + std::to_string(p) + "'s node declaration");
+    store_rank_info& i = all[static_cast<std::size_t>(p)];
+    if (!store_rank_info::decode(v, i))
+      throw error(where + ": rank " + std::to_string(p) + "'s node declaration in " + store.where() + " is malformed: '" +
+                  v + "' (another program's keys under the same prefix?)");
+    auto differ = [&](const char* what, auto a, auto b) {
+      throw invalid_argument(where + ": the ranks disagree on " + what + ": rank " + std::to_string(rank) + " has " +
+                             std::to_string(a) + ", rank " + std::to_string(p) + " has " + std::to_string(b) +
+                             "; every rank must use the same");
+    };
+    if (i.size != size) differ("the world size", size, i.size);
+    if (i.per_node != mine.per_node) differ("DPKIT_RANKS_PER_NODE", mine.per_node, i.per_node);
+    if (i.shm_bytes != mine.shm_bytes) differ("DPKIT_SHM_BYTES", mine.shm_bytes, i.shm_bytes);
+  }
+  // label: the lowest rank of the same identity (the host's leader), then the
+  // virtual node inside the host
+  std::vector<long long> labels(static_cast<std::size_t>(size));
+  for (int p = 0; p < size; ++p) {
+    int leader = p, local = 0;
+    for (int q = 0; q < p; ++q)
+      if (all[static_cast<std::size_t>(q)].node == all[static_cast<std::size_t>(p)].node) {
+        if (leader == p) leader = q;
+        ++local;
+      }
+    labels[static_cast<std::size_t>(p)] = static_cast<long long>(leader) * (static_cast<long long>(size) + 1) +
+                                          (mine.per_node > 0 ? local / mine.per_node : 0);
+  }
+  return labels;
+}
+
+/// Removes this user's dpkit shared-memory objects in /dev/shm named
+/// "dpkit-<tag>-<pid>-<hex>" whose process `pid` no longer exists (left by
+/// a job killed between creating its segment and unlinking it). Only
+/// regular files owned by this user with that exact name form are touched.
+/// Never throws.
+inline void shm_remove_stale(const std::string& tag) noexcept {
+  DIR* d = ::opendir("/dev/shm");
+  if (!d) return;
+  const std::string head = "dpkit-" + tag + "-";
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, head.size(), head) != 0) continue;
+    const std::string rest = name.substr(head.size());
+    char* end = nullptr;
+    const long pid = std::strtol(rest.c_str(), &end, 10);
+    if (pid <= 0 || !end || *end != '-' || std::string(end + 1).size() != 16) continue;
+    struct stat st {};
+    if (::lstat(("/dev/shm/" + name).c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::getuid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) shm_mapping::unlink("/" + name);
+  }
+  ::closedir(d);
+}
+
+/// The node's shared segment for ranks that meet through a store: the
+/// mapping and this rank's view.
+struct store_segment {
+  shm_mapping map;
+  std::unique_ptr<shm_segment> view;
+};
+
+/// Maps the shared segment of `size` ranks on one node (see the file
+/// comment): `slot_bytes` per buffer, two buffers and a control line per
+/// rank, each rank's region on pages of its own. Collective over the ranks;
+/// keys under `prefix`.
+/// @throws dpkit::error naming the rank that could not create or map it and
+///         why; dpkit::timeout_error naming the rank that did not arrive
+///         by `due` (the creator unlinks the object in every case).
+inline store_segment store_map_segment(kv_store& store, const std::string& prefix, int rank, int size,
+                                       std::size_t slot_bytes, deadline due, const std::string& where) {
+  const std::size_t stride = (shm_region_bytes(slot_bytes) + 4095) / 4096 * 4096;
+  const std::size_t total = stride * static_cast<std::size_t>(size);
+  store_segment s;
+  auto setup_own = [&] {
+    std::vector<std::byte*> bases(static_cast<std::size_t>(size));
+    for (int p = 0; p < size; ++p) bases[static_cast<std::size_t>(p)] = s.map.data() + static_cast<std::size_t>(p) * stride;
+    auto* c = new (bases[static_cast<std::size_t>(rank)]) shm_control{}; // before any peer reads it
+    c->pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
+    s.view = std::make_unique<shm_segment>(rank, std::move(bases), slot_bytes);
+  };
+  const std::string name_key = prefix + "/name", done_key = prefix + "/done";
+  if (rank == 0) {
+    std::string name, why;
+    try {
+      shm_remove_stale("gloo");
+      name = shm_mapping::unique_name("gloo");
+      s.map = shm_mapping::create(name, total);
+      setup_own();
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    store_set(store, name_key, why.empty() ? name : "!" + why, where);
+    if (!why.empty()) throw error(where + ": the node's shared segment (" + std::to_string(total) + " bytes): " + why);
+    std::string outcome;
+    try {
+      for (int p = 1; p < size && outcome.empty(); ++p) {
+        const std::string a = store_get_until(store, prefix + "/ack/" + std::to_string(p), due, where,
+                                              "local rank " + std::to_string(p) + "'s mapping of the shared segment");
+        if (!a.empty()) outcome = "local rank " + std::to_string(p) + " could not map it: " + a;
+      }
+    } catch (const timeout_error& e) {
+      outcome = e.what();
+    } catch (const std::exception& e) {
+      outcome = e.what();
+    }
+    shm_mapping::unlink(name);
+    std::string fail_done;
+    try {
+      store_set(store, done_key, outcome.empty() ? "ok" : "!" + outcome, where);
+    } catch (const std::exception& e) {
+      fail_done = e.what();
+    }
+    if (!outcome.empty()) throw timeout_error(where + ": the node's shared segment: " + outcome);
+    if (!fail_done.empty()) throw error(fail_done);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return s;
+  }
+  const std::string name = store_get_until(store, name_key, due, where, "local rank 0's shared segment name");
+  if (!name.empty() && name[0] == '!')
+    throw error(where + ": the node's shared segment: local rank 0 could not create it: " + name.substr(1));
+  std::string why;
+  try {
+    s.map = shm_mapping::open(name, total);
+    setup_own();
+  } catch (const std::exception& e) {
+    why = e.what();
+    if (why.empty()) why = "unknown error";
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  store_set(store, prefix + "/ack/" + std::to_string(rank), why, where);
+  if (!why.empty()) throw error(where + ": the node's shared segment: " + why);
+  const std::string done = store_get_until(store, done_key, due, where, "local rank 0's outcome of the shared segment");
+  if (done != "ok") throw error(where + ": the node's shared segment: " + (done.empty() ? done : done.substr(1)));
+  return s;
+}
+
+} // namespace dpkit::detail

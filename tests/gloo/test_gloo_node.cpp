@@ -1,0 +1,369 @@
+// The store bootstrap of gloo_transport (transport/detail/store_bootstrap.hpp):
+// ranks that meet through a store without MPI find their node, map the
+// node's shared segment (nothing left in /dev/shm once every rank has it)
+// and, across nodes, build the hierarchy; dpkit's shm and hierarchical
+// collectives then run on it, checked against a sequential reduction. The
+// unhappy path: ranks that disagree on the world size, a rank that never
+// maps the segment, a stale segment of a killed job, two jobs on one host,
+// a rank whose process dies during a shared-memory collective, two ranks
+// calling different collectives. Ranks are threads of this process (one
+// node) or copies of this executable (`--worker ...`).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <dpkit/collectives.hpp>
+#include <dpkit/transport/gloo.hpp>
+
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+using namespace std::chrono_literals;
+
+struct temp_dir {
+  std::string path;
+  temp_dir() {
+    std::string t = (std::filesystem::temp_directory_path() / "dpkit-gloo-node-XXXXXX").string();
+    if (!mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed");
+    path = t;
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string url(const std::string& sub) const { return "file://" + path + "/" + sub; }
+};
+
+dpkit::gloo_options local_options(std::chrono::milliseconds timeout = 20s) {
+  dpkit::gloo_options o;
+  o.hostname = "127.0.0.1";
+  o.timeout = timeout;
+  return o;
+}
+
+template <class F>
+std::vector<std::string> run_world(const std::string& url, int n, F&& f, const dpkit::gloo_options& o = local_options(),
+                                   std::vector<int> sizes = {}) {
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        dpkit::gloo_transport comm(url, r, sizes.empty() ? n : sizes[static_cast<std::size_t>(r)], o);
+        f(comm);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+        if (errors[static_cast<std::size_t>(r)].empty()) errors[static_cast<std::size_t>(r)] = "(empty what())";
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// The entries of /dev/shm whose name starts with `head`.
+std::vector<std::string> shm_entries(const std::string& head) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (const dirent* e = readdir(d))
+      if (std::string(e->d_name).rfind(head, 0) == 0) out.emplace_back(e->d_name);
+    closedir(d);
+  }
+  return out;
+}
+
+// x[i] on rank r: exact in float for the sizes used
+float value(int rank, std::size_t i, int salt) { return static_cast<float>((rank + 1) * static_cast<int>(i % 251) + salt); }
+
+// Checks a sum all-reduce of every size against the sequential sum; returns
+// a description of the first wrong element, or "".
+template <class C>
+std::string check_sums(C& comm, dpkit::algorithm a, int salt) {
+  const int n = comm.size();
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{300000}}) {
+    std::vector<float> v(count);
+    for (std::size_t i = 0; i < count; ++i) v[i] = value(comm.rank(), i, salt);
+    dpkit::allreduce(comm, v, dpkit::reduce_op::sum, dpkit::allreduce_policy{a});
+    for (std::size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += value(r, i, salt);
+      if (v[i] != want)
+        return "rank " + std::to_string(comm.rank()) + ": count " + std::to_string(count) + " element " +
+               std::to_string(i) + " is " + std::to_string(v[i]) + ", expected " + std::to_string(want);
+    }
+  }
+  return "";
+}
+
+// ---- worker mode ----
+// --worker URL RANK SIZE MODE: MODE "sums" checks all-reduces (shm and
+// automatic on one node, hierarchical across virtual nodes) and that rank
+// 0's segment name is gone from /dev/shm; "die-K" runs shm all-reduces, rank
+// K _exits in the middle of the third, the others must throw peer_error
+// within 5 s (exit 0), not at the 60 s deadline.
+int worker(const std::string& url, int rank, int size, const std::string& mode) {
+  try {
+    dpkit::gloo_transport comm(url, rank, size, local_options(60s));
+    if (mode == "sums") {
+      if (comm.topology().hierarchical()) {
+        if (!comm.node_transport() || (comm.node_transport()->size() > 1 && !comm.node_transport()->shm())) {
+          std::cerr << "worker rank " << rank << ": hierarchical, but the node transport has no segment\n";
+          return 1;
+        }
+        for (auto a : {dpkit::algorithm::hierarchical, dpkit::algorithm::automatic})
+          if (auto e = check_sums(comm, a, 3); !e.empty()) {
+            std::cerr << "worker " << e << "\n";
+            return 1;
+          }
+        return 0;
+      }
+      if (!comm.shm()) {
+        std::cerr << "worker rank " << rank << ": one node, but no shared segment\n";
+        return 1;
+      }
+      const int pid0 = comm.shm()->control(0).pid.load();
+      if (!shm_entries("dpkit-gloo-" + std::to_string(pid0) + "-").empty()) {
+        std::cerr << "worker rank " << rank << ": the segment's name is still in /dev/shm\n";
+        return 1;
+      }
+      for (auto a : {dpkit::algorithm::shm_two_shot, dpkit::algorithm::shm_one_shot, dpkit::algorithm::automatic,
+                     dpkit::algorithm::ring})
+        if (auto e = check_sums(comm, a, 5); !e.empty()) {
+          std::cerr << "worker " << e << "\n";
+          return 1;
+        }
+      return 0;
+    }
+    if (mode.rfind("die-", 0) == 0) {
+      const int die = std::atoi(mode.c_str() + 4);
+      std::vector<float> v(1 << 16, 1.0f);
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        for (int i = 0; i < 50; ++i) {
+          if (rank == die && i == 2) _exit(3);
+          dpkit::collective_options o;
+          o.timeout = 30s;
+          dpkit::allreduce(comm, v, dpkit::reduce_op::sum, dpkit::allreduce_policy{dpkit::algorithm::shm_two_shot}, o);
+        }
+      } catch (const dpkit::peer_error& e) {
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+        std::cerr << "worker rank " << rank << ": peer_error after " << ms << " ms: " << e.what() << "\n";
+        return ms < 5000 ? 0 : 1;
+      }
+      std::cerr << "worker rank " << rank << ": no error\n";
+      return 1;
+    }
+    std::cerr << "worker: unknown mode " << mode << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "worker rank " << rank << ": " << e.what() << "\n";
+    return 1;
+  }
+}
+
+// Starts this executable in worker mode for ranks 0..n-1 (env additions in
+// `env`) and returns every exit status.
+std::vector<int> run_workers(const std::string& url, int n, const std::string& mode,
+                             const std::vector<std::string>& env = {}) {
+  std::vector<std::string> envs(env);
+  for (char** e = environ; *e; ++e) envs.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& s : envs) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::string> args{"test_gloo_node", "--worker", url, std::to_string(r), std::to_string(n), mode};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data()) != 0) pid = -1;
+    pids.push_back(pid);
+  }
+  // reaped as they end, in any order: a dead rank must not stay a zombie
+  // (its peers tell a dead process by kill(pid, 0), as under a launcher)
+  std::vector<int> status(pids.size(), -1);
+  for (std::size_t left = pids.size(); left > 0; --left) {
+    int st = 0;
+    const pid_t p = waitpid(-1, &st, 0);
+    if (p <= 0) break;
+    for (std::size_t r = 0; r < pids.size(); ++r)
+      if (pids[r] == p) status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+  return status;
+}
+
+} // namespace
+
+TEST_CASE("gloo node: ranks as processes on one node map one segment, gone from /dev/shm; shm all-reduces are exact") {
+  temp_dir dir;
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    const auto st = run_workers(dir.url("sums" + std::to_string(n)), n, "sums");
+    for (int r = 0; r < n; ++r) CHECK_MESSAGE(st[static_cast<std::size_t>(r)] == 0, "rank " << r);
+  }
+  CHECK(shm_entries("dpkit-gloo-").empty());
+}
+
+TEST_CASE("gloo node: across virtual nodes (DPKIT_RANKS_PER_NODE) the hierarchy runs, each node on its segment") {
+  temp_dir dir;
+  // 2x2 and an uneven 3 ranks as nodes of 2 and 1
+  for (int n : {4, 3}) {
+    CAPTURE(n);
+    const auto st = run_workers(dir.url("hier" + std::to_string(n)), n, "sums", {"DPKIT_RANKS_PER_NODE=2"});
+    for (int r = 0; r < n; ++r) CHECK_MESSAGE(st[static_cast<std::size_t>(r)] == 0, "rank " << r);
+  }
+}
+
+TEST_CASE("gloo node: a rank whose process dies in a shm all-reduce: the others throw peer_error at once") {
+  temp_dir dir;
+  const auto st = run_workers(dir.url("die"), 3, "die-1");
+  CHECK(st[0] == 0);
+  CHECK(st[1] == 3);
+  CHECK(st[2] == 0);
+  CHECK(shm_entries("dpkit-gloo-").empty());
+}
+
+TEST_CASE("gloo node: threads of one process: the segment, the topology and a split") {
+  temp_dir dir;
+  std::vector<std::string> wrong(3);
+  const auto errors = run_world(dir.url("threads"), 3, [&](dpkit::gloo_transport& comm) {
+    static_assert(dpkit::shared_memory_transport<dpkit::gloo_transport>);
+    static_assert(dpkit::hierarchical_transport<dpkit::gloo_transport>);
+    const auto r = static_cast<std::size_t>(comm.rank());
+    if (!comm.shm() || comm.topology().nodes() != 1 || comm.topology().hierarchical()) wrong[r] = "no segment";
+    else wrong[r] = check_sums(comm, dpkit::algorithm::shm_one_shot, 1);
+    // a split's groups meet through the same store and get segments of their own
+    auto sub = comm.split(comm.rank() % 2, comm.rank());
+    if (wrong[r].empty() && sub.size() > 1 && !sub.shm()) wrong[r] = "split group without a segment";
+    if (wrong[r].empty()) wrong[r] = check_sums(sub, dpkit::algorithm::automatic, 2);
+  });
+  for (std::size_t r = 0; r < 3; ++r) {
+    CHECK_MESSAGE(errors[r].empty(), "rank " << r << ": " << errors[r]);
+    CHECK_MESSAGE(wrong[r].empty(), wrong[r]);
+  }
+}
+
+TEST_CASE("gloo node: ranks that disagree on the world size fail at once, naming both sizes") {
+  temp_dir dir;
+  const auto start = std::chrono::steady_clock::now();
+  // rank 0 thinks 2 ranks, rank 1 thinks 3: both see the other's declaration
+  const auto errors = run_world(dir.url("sizes"), 2, [](dpkit::gloo_transport&) {}, local_options(20s), {2, 3});
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  for (std::size_t r = 0; r < 2; ++r) {
+    CAPTURE(errors[r]);
+    CHECK(errors[r].find("disagree on the world size") != std::string::npos);
+    CHECK(errors[r].find("has 2") != std::string::npos);
+    CHECK(errors[r].find("has 3") != std::string::npos);
+  }
+}
+
+TEST_CASE("gloo node: two ranks calling different collectives on the segment: mismatch_error on both") {
+  temp_dir dir;
+  const auto errors = run_world(dir.url("mismatch"), 2, [](dpkit::gloo_transport& comm) {
+    std::vector<float> v(comm.rank() == 0 ? 100 : 200, 1.0f);
+    dpkit::allreduce(comm, v, dpkit::reduce_op::sum, dpkit::allreduce_policy{dpkit::algorithm::shm_one_shot});
+  }, local_options(20s));
+  for (std::size_t r = 0; r < 2; ++r) {
+    CAPTURE(errors[r]);
+    CHECK(errors[r].find("mismatch") != std::string::npos);
+  }
+}
+
+TEST_CASE("gloo node: two jobs on one host at once do not cross-talk") {
+  temp_dir dir;
+  std::string bad[2][2];
+  std::thread jobs[2];
+  for (int j = 0; j < 2; ++j)
+    jobs[j] = std::thread([&, j] {
+      const auto errors = run_world(dir.url("job" + std::to_string(j)), 2, [&](dpkit::gloo_transport& comm) {
+        bad[j][comm.rank()] = check_sums(comm, dpkit::algorithm::automatic, 100 * j);
+      });
+      for (int r = 0; r < 2; ++r)
+        if (!errors[static_cast<std::size_t>(r)].empty()) bad[j][r] = errors[static_cast<std::size_t>(r)];
+    });
+  for (auto& t : jobs) t.join();
+  for (auto& job : bad)
+    for (auto& e : job) CHECK_MESSAGE(e.empty(), e);
+}
+
+TEST_CASE("gloo node: a local rank that never maps the segment: timeout_error naming it, and nothing left in /dev/shm") {
+  temp_dir dir;
+  std::string prefix;
+  auto store = dpkit::detail::open_kv_store(dir.url("absent"), "test", 5s, prefix);
+  const auto start = std::chrono::steady_clock::now();
+  std::string what;
+  try {
+    (void)dpkit::detail::store_map_segment(*store, prefix + "/shm", 0, 2, 4096, dpkit::deadline_after(1500ms), "test");
+  } catch (const dpkit::timeout_error& e) {
+    what = e.what();
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  CAPTURE(what);
+  CHECK(what.find("local rank 1") != std::string::npos);
+  CHECK(took >= 1400ms);
+  CHECK(took < 5s);
+  CHECK(shm_entries("dpkit-gloo-" + std::to_string(getpid()) + "-").empty());
+  // rank 1 arriving late finds the outcome, not a segment
+  std::string late;
+  try {
+    (void)dpkit::detail::store_map_segment(*store, prefix + "/shm", 1, 2, 4096, dpkit::deadline_after(1s), "test");
+  } catch (const dpkit::error& e) {
+    late = e.what();
+  }
+  CAPTURE(late);
+  CHECK(!late.empty());
+}
+
+TEST_CASE("gloo node: a stale segment of a killed job is removed; live and foreign entries are not") {
+  // a pid that no longer exists: a child that exited and was reaped
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  REQUIRE(dead > 0);
+  waitpid(dead, nullptr, 0);
+  auto make = [](const std::string& name) {
+    const int fd = open(("/dev/shm/" + name).c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+    REQUIRE(fd >= 0);
+    close(fd);
+  };
+  const std::string stale = "dpkit-gloo-" + std::to_string(dead) + "-00000000deadbeef";
+  const std::string live = "dpkit-gloo-" + std::to_string(getpid()) + "-00000000cafef00d";
+  const std::string other = "dpkit-gloo-" + std::to_string(dead) + "-not-ours";
+  make(stale);
+  make(live);
+  make(other);
+  temp_dir dir;
+  const auto errors = run_world(dir.url("stale"), 2, [](dpkit::gloo_transport& comm) {
+    if (!comm.shm()) throw std::runtime_error("no segment");
+  });
+  CHECK(errors[0].empty());
+  CHECK(errors[1].empty());
+  CHECK(shm_entries(stale).empty());
+  CHECK(shm_entries(live).size() == 1);
+  CHECK(shm_entries(other).size() == 1);
+  unlink(("/dev/shm/" + live).c_str());
+  unlink(("/dev/shm/" + other).c_str());
+  unlink(("/dev/shm/" + stale).c_str());
+}
+
+int main(int argc, char** argv) {
+  if (argc >= 6 && std::string(argv[1]) == "--worker") return worker(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), argv[5]);
+  doctest::Context ctx(argc, argv);
+  return ctx.run();
+}
