@@ -34,7 +34,7 @@
 #include "../core/options.hpp"
 #include "../core/reduce_op.hpp"
 #include "../core/tensor.hpp"
-#include "../collectives/tuning.hpp"
+#include "../core/tuning_table.hpp"
 #include "detail/scratch_arena.hpp"
 #include "concept.hpp"
 #include "detail/health.hpp"
