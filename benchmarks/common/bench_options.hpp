@@ -24,13 +24,15 @@ namespace dpkit_bench {
 /// The five collectives the *_perf programs measure.
 enum class collective { allreduce, reduce_scatter, allgather, broadcast, reduce };
 
-/// The transport a run measures: MPI ranks (under mpirun) or ranks as
-/// threads of one process (-t N, or a build without MPI).
-enum class transport_kind { mpi, inproc };
+/// The transport a run measures: MPI ranks (under mpirun), ranks as
+/// threads of one process (-t N, or a build without MPI), or processes
+/// launched without mpirun that meet through a Gloo store (--rendezvous or
+/// torch's env:// variables; transport/launch.hpp).
+enum class transport_kind { mpi, inproc, gloo };
 
-/// "mpi" or "inproc" (the header and the CSV / JSON files print this).
+/// "mpi", "inproc" or "gloo" (the header and the CSV / JSON files print this).
 inline constexpr std::string_view transport_name(transport_kind t) noexcept {
-  return t == transport_kind::mpi ? "mpi" : "inproc";
+  return t == transport_kind::mpi ? "mpi" : t == transport_kind::inproc ? "inproc" : "gloo";
 }
 
 /// nccl-tests' order of -d all: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16.
@@ -114,16 +116,31 @@ struct options {
   std::string explain_arg;                ///< --explain SIZE (allreduce_perf)
   std::size_t explain_bytes = 0;
   std::string predict_shape;              ///< --predict NxL (allreduce_perf)
+  /// --rendezvous URL, --rank R, --world-size W as typed (nullopt: not
+  /// given): a launch without mpirun, resolved with the environment by
+  /// dpkit::resolve_launch (transport/launch.hpp) in bench_main.
+  std::optional<std::string> rendezvous, launch_rank, launch_world_size;
+  /// Whether any of the three launch flags was given.
+  bool launch_flags_given() const noexcept { return rendezvous || launch_rank || launch_world_size; }
 };
 
 namespace detail {
 /// True on the process that should print usage errors: rank 0 of an mpirun
-/// job (read from the launcher's environment, before MPI_Init), or a plain run.
+/// job (read from the launcher's environment, before MPI_Init), rank 0 of a
+/// launch without mpirun (DPKIT_RANK, else torch's RANK), or a plain run.
 inline bool launcher_rank0() {
-  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"}) {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "DPKIT_RANK",
+                          "RANK"}) {
     if (const char* v = std::getenv(var)) return std::string_view(v) == "0";
   }
   return true;
+}
+/// True when an MPI launcher (mpirun, mpiexec, srun with PMI) started this
+/// process: its ranks are MPI's, and MPI_Init must run.
+inline bool started_by_mpi_launcher() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE"})
+    if (std::getenv(var)) return true;
+  return false;
 }
 } // namespace detail
 
@@ -184,6 +201,15 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
   app.add_flag("--skip-in-place", o.skip_in_place,
                "measure out of place only (in-place columns print N/A): for MPI components whose MPI_IN_PLACE is "
                "broken, e.g. Open MPI 4.1.4's coll/han, which crashes on in-place all-reduces from 256 KiB");
+  std::string rendezvous, launch_rank, launch_world;
+  auto* rdv_opt = app.add_option(
+      "--rendezvous", rendezvous,
+      "launch without mpirun: the store the ranks meet through, tcp://HOST:PORT (rank 0 serves it), file:///DIR "
+      "or redis://HOST:PORT/JOB; with --rank and --world-size (or DPKIT_RANK/RANK, DPKIT_WORLD_SIZE/WORLD_SIZE). "
+      "Without flags, torch's env:// variables MASTER_ADDR MASTER_PORT RANK WORLD_SIZE do the same. Gloo transport: "
+      "dpkit's algorithms only (no native)");
+  auto* rank_opt = app.add_option("--rank", launch_rank, "launch without mpirun: this process's rank in [0, --world-size)");
+  auto* world_opt = app.add_option("--world-size", launch_world, "launch without mpirun: the number of processes, >= 1");
   if (kind == collective::allreduce) {
     app.add_option("--tune", o.tune_file,
                    "measure every algorithm at each size of -b/-e/-f and the link costs; write the tuning file "
@@ -193,7 +219,7 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
                    "NODESxRANKS: the cost model's busbw table over -b/-e/-f from DPKIT_TUNING_FILE's link costs");
   }
 
-  const bool print = detail::launcher_rank0();
+  bool print = detail::launcher_rank0();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& err) {
@@ -201,6 +227,12 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
     else exit_code = err.get_exit_code();
     return std::nullopt;
   }
+  if (rdv_opt->count()) o.rendezvous = rendezvous;
+  if (rank_opt->count()) {
+    o.launch_rank = launch_rank;
+    print = launch_rank == "0";
+  }
+  if (world_opt->count()) o.launch_world_size = launch_world;
   auto fail = [&](const std::string& msg) -> std::optional<options> {
     if (print) std::fprintf(stderr, "%s: %s\n", argv[0], msg.c_str());
     exit_code = 1;
@@ -249,6 +281,13 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
   if (o.step_factor <= 1 && o.step_bytes == 0 && o.min_bytes != o.max_bytes)
     return fail("-i 0 with -f 1 would never reach maxbytes");
   if (o.nthreads < 1) return fail("-t must be >= 1");
+  if (o.launch_flags_given() && detail::started_by_mpi_launcher())
+    return fail("--rendezvous, --rank and --world-size launch without mpirun; under mpirun the ranks are MPI's "
+                "(drop the flags, or start the processes without mpirun)");
+  if (o.launch_flags_given() && o.nthreads > 1)
+    return fail("-t " + std::to_string(o.nthreads) +
+                " runs ranks as threads of one process; it cannot be combined with --rendezvous/--rank/--world-size "
+                "(use one or the other)");
   if (o.iters < 1) return fail("-n must be >= 1");
   if (o.agg_iters < 1) return fail("-m must be >= 1");
   if (o.warmup < 0) return fail("-w must be >= 0");

@@ -240,8 +240,9 @@ inline std::string utc_now() {
 
 /// The device text of a rank's "#  Rank" line and JSON "device_info".
 inline std::string device_info(transport_kind t, int rank) {
-  return t == transport_kind::mpi ? std::string("host memory (MPI rank)")
-                                  : "host memory (inproc thread " + std::to_string(rank) + ")";
+  if (t == transport_kind::mpi) return "host memory (MPI rank)";
+  if (t == transport_kind::gloo) return "host memory (Gloo rank)";
+  return "host memory (inproc thread " + std::to_string(rank) + ")";
 }
 
 /// nccl-tests' "#  Rank" line (device -1: host memory), newline included.

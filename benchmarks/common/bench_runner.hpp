@@ -45,6 +45,9 @@
 #if defined(DPKIT_WITH_MPI)
 #include <mpi.h>
 #endif
+#if defined(DPKIT_WITH_GLOO)
+#include <dpkit/transport/launch.hpp>
+#endif
 
 namespace dpkit_bench {
 
@@ -183,6 +186,9 @@ private:
                           (e->need == transport_need::shared_memory ? std::string("shared segment (ranks on several nodes?)")
                            : e->need == transport_need::several_nodes
                                ? std::string("ranks on several nodes (run across hosts, or set DPKIT_RANKS_PER_NODE)")
+                           : transport_ == transport_kind::gloo
+                               ? std::string("native collectives: MPI's need mpirun (launched without mpirun, -A all "
+                                             "measures dpkit's algorithms only)")
                                : std::string("native collectives (run under mpirun without -t for MPI's)")));
       algos_.push_back(a);
     }
@@ -471,6 +477,86 @@ inline int run_inproc(collective kind, const options& o) {
   return failed.load() ? 1 : 0;
 }
 
+#if defined(DPKIT_WITH_GLOO)
+/// Runs this process as rank job.rank of job.world_size over a
+/// gloo_transport built from the launch (--rendezvous/--rank/--world-size
+/// or torch's env:// variables), without MPI. Returns the exit code. An
+/// error other than a usage error is not caught (run_main reports it; the
+/// peers' waits fail when this process's connections close).
+inline int run_gloo(collective kind, const options& o, const dpkit::launch_info& job) {
+  const char* prog = o.argv.empty() ? "bench" : o.argv[0].c_str();
+  // Refused before connecting: a rank started alone must not wait for its
+  // peers to learn that its command line cannot run.
+  for (auto a : o.algorithms)
+    if (a == dpkit::algorithm::native) {
+      if (job.rank == 0)
+        std::fprintf(stderr,
+                     "%s: -A native: the gloo transport has no native collectives: MPI's need mpirun (launched "
+                     "without mpirun, -A all measures dpkit's algorithms only)\n",
+                     prog);
+      return 1;
+    }
+  dpkit::gloo_options go;
+  go.timeout = o.copts.timeout; // -T, else DPKIT_TIMEOUT, else 30 min: the rendezvous too
+  dpkit::gloo_transport comm = dpkit::connect_launch(job, go);
+  int rc = 0;
+  try {
+    if (!o.tune_file.empty()) {
+      rc = tune_allreduce(comm, o, o.tune_file);
+    } else if (!o.explain_arg.empty()) {
+      rc = explain_allreduce(comm, o.explain_bytes);
+    } else {
+      runner<dpkit::gloo_transport> r(kind, comm, o, transport_kind::gloo);
+      rc = r.run() ? 1 : 0;
+    }
+  } catch (const usage_error& e) {
+    if (comm.rank() == 0) std::fprintf(stderr, "%s: %s\n", prog, e.what());
+    rc = 1;
+  }
+  return rc;
+}
+#endif
+
+/// The launch without mpirun this process was given (flags, else
+/// DPKIT_RENDEZVOUS / DPKIT_RANK / DPKIT_WORLD_SIZE, else torch's env://
+/// variables), when no MPI launcher started it: runs it and returns true
+/// with the exit code in `rc`; false when there is none (run as before).
+inline bool run_launched(collective kind, const options& o, int& rc) {
+  const char* prog = o.argv.empty() ? "bench" : o.argv[0].c_str();
+  if (detail::started_by_mpi_launcher()) return false; // parse_options refused the flags under mpirun
+#if defined(DPKIT_WITH_GLOO)
+  std::optional<dpkit::launch_info> job;
+  try {
+    job = dpkit::resolve_launch({o.rendezvous, o.launch_rank, o.launch_world_size});
+  } catch (const dpkit::invalid_argument& e) {
+    std::fprintf(stderr, "%s: %s\n", prog, e.what()); // every process: each names its own value
+    rc = 1;
+    return true;
+  }
+  if (!job) return false;
+  if (o.nthreads > 1) {
+    if (job->rank == 0)
+      std::fprintf(stderr,
+                   "%s: -t %d runs ranks as threads of one process; it cannot be combined with a launch of %d "
+                   "processes (--rendezvous or the env:// variables)\n",
+                   prog, o.nthreads, job->world_size);
+    rc = 1;
+    return true;
+  }
+  rc = run_gloo(kind, o, *job);
+  return true;
+#else
+  (void)kind;
+  if (!o.launch_flags_given() && !std::getenv("DPKIT_RENDEZVOUS")) return false;
+  std::fprintf(stderr,
+               "%s: --rendezvous/--rank/--world-size (or DPKIT_RENDEZVOUS) launch without mpirun over the Gloo "
+               "transport, and this build has none (Meson feature gloo, Debian libgloo-dev): run under mpirun\n",
+               prog);
+  rc = 1;
+  return true;
+#endif
+}
+
 /// The body of bench_main (below).
 inline int bench_main_body(collective kind, int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -478,6 +564,8 @@ inline int bench_main_body(collective kind, int argc, char** argv) {
   const auto o = parse_options(argc, argv, kind, code);
   if (!o) return code;
   if (!o->predict_shape.empty()) return predict_allreduce(*o, o->predict_shape);
+  // Launched without mpirun (flags or env://): Gloo ranks, no MPI_Init.
+  if (int rc = 0; run_launched(kind, *o, rc)) return rc;
 #if defined(DPKIT_WITH_MPI)
   int provided = 0;
   // MPI_THREAD_MULTIPLE: the hierarchical all-reduce runs its stage between
