@@ -1,18 +1,30 @@
 """The torch.distributed backend "dpkit".
 
-``import dpkit`` registers it; then, in a job launched with ``mpirun``::
+``import dpkit`` registers it; then, in a script launched with
+``torchrun --nproc-per-node 2 train.py``::
 
     import dpkit, torch.distributed as dist
+    dist.init_process_group("dpkit")     # env://; or init_method="file:///...", "tcp://HOST:PORT"
+
+and every ``dist.all_reduce`` / ``broadcast`` / ``all_gather`` /
+``reduce_scatter`` / ``reduce`` / ``barrier`` on CPU tensors of the group runs
+dpkit's algorithms, so ``DistributedDataParallel`` runs over it unchanged.
+The ranks meet through the store torch hands the backend (each group,
+``dist.new_group(ranks, backend="dpkit")`` too, under its own prefix) and
+talk over dpkit's Gloo transport (TCP pairs). Ranks that disagree on the
+world size raise dpkit.InvalidArgument naming both sizes; a rank that never
+comes, dpkit.TimeoutError naming it after the group's timeout.
+
+Under ``mpirun`` (a build with Open MPI) the group is an MPI communicator
+instead (shared memory within a node, hierarchical across nodes; the tuning
+table picks, docs/tuning.md), and torch's rank must be the MPI rank
+(checked)::
+
     dpkit.distributed.init_process_group()          # or, by hand:
     # dist.init_process_group("dpkit", init_method="tcp://HOST:PORT",
     #                         rank=RANK, world_size=WORLD)   # RANK = the MPI rank
 
-and every ``dist.all_reduce`` / ``broadcast`` / ``all_gather`` /
-``reduce_scatter`` / ``reduce`` / ``barrier`` on CPU tensors of the group runs
-dpkit's algorithms over MPI (shared memory within a node, hierarchical across
-nodes; the tuning table picks, docs/tuning.md), so ``DistributedDataParallel``
-runs over it unchanged. ``dist.new_group(ranks, backend="dpkit")`` makes
-subgroups (MPI_Comm_create_group).
+Subgroups there are MPI_Comm_create_group's.
 
 Semantics: torch.distributed's (matching ProcessGroupGloo on CPU tensors):
 the collectives are asynchronous (``async_op=True`` returns a Work whose
@@ -26,8 +38,9 @@ group's timeout passed: a rank is missing), dpkit.MismatchError (ranks called
 different collectives or sizes), dpkit.CommunicatorError (the group failed
 earlier or was shut down), dpkit.InvalidArgument (bad tensor or op).
 
-The rendezvous is MPI's: torch's rank must be the MPI rank (checked). The
-store torch passes is used only by torch itself.
+The backend is compiled against one torch (recorded in dpkit._build_info);
+with another torch imported, :func:`available` is False and making a "dpkit"
+group raises ImportError naming both versions (:func:`unavailable_reason`).
 """
 from __future__ import annotations
 
@@ -39,6 +52,7 @@ from typing import Optional, Tuple
 
 _registered = False
 _atexit_done = False
+_import_error: Optional[str] = None
 
 
 def mpi_env() -> Tuple[int, int]:
@@ -52,6 +66,12 @@ def mpi_env() -> Tuple[int, int]:
     raise RuntimeError("dpkit backend: not started by mpirun (no OMPI_COMM_WORLD_RANK / PMI_RANK in the environment)")
 
 
+def launched_by_mpi() -> bool:
+    """True when an MPI launcher (mpirun, srun with PMI) started this
+    process: the backend then runs over MPI (when this build has it)."""
+    return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+
+
 def _finalize_at_exit() -> None:
     """Once per process: at interpreter exit, shut down every dpkit group and
     call MPI_Finalize if dpkit initialized MPI (Open MPI reports a process
@@ -63,48 +83,115 @@ def _finalize_at_exit() -> None:
         _atexit_done = True
 
 
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _gloo_hostname() -> str:
+    """The address this rank's Gloo pairs listen on: DPKIT_GLOO_HOSTNAME if
+    set; empty (Gloo's rule: GLOO_SOCKET_IFNAME's address, else this
+    machine's host name) unless MASTER_ADDR is a loopback address (all ranks
+    on this machine) or the host name does not resolve: then 127.0.0.1, as
+    torch's gloo backend falls back."""
+    if "DPKIT_GLOO_HOSTNAME" in os.environ:
+        return os.environ["DPKIT_GLOO_HOSTNAME"]
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return ""
+    if os.environ.get("MASTER_ADDR", "") in _LOOPBACK:
+        return "127.0.0.1"
+    try:
+        socket.gethostbyname(socket.gethostname())
+        return ""
+    except OSError:
+        return "127.0.0.1"
+
+
 def _create(opts, pg_options=None):
-    """torch.distributed's creator (extended API): a dpkit ProcessGroup for
-    this rank of the group."""
+    """torch.distributed's creator (extended API): a dpkit group for this
+    rank of the group. Under an MPI launcher (and a build with MPI): an MPI
+    communicator of the group's global ranks. Otherwise: Gloo pairs that
+    meet through the store torch passes (already prefixed with the group's
+    name), so each group, the default one and every new_group, meets under
+    its own keys."""
     from . import _dist
     inline_bytes = int(os.environ.get("DPKIT_INLINE_BYTES", 65536))
-    ranks = list(getattr(opts, "global_ranks_in_group", []) or [])
     _finalize_at_exit()
-    return _dist.ProcessGroupDpkit(opts.group_rank, opts.group_size, opts.timeout, ranks, inline_bytes)
+    if launched_by_mpi() and _dist.has_mpi:
+        ranks = list(getattr(opts, "global_ranks_in_group", []) or [])
+        return _dist.ProcessGroupDpkit(opts.group_rank, opts.group_size, opts.timeout, ranks, inline_bytes)
+    return _dist.ProcessGroupDpkit(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                                   str(getattr(opts, "group_id", "") or ""), _gloo_hostname(), inline_bytes)
+
+
+def _unavailable(reason: str):
+    """The creator registered when the backend cannot be loaded: making a
+    "dpkit" group raises `reason` (an ImportError naming both torch
+    versions, say) instead of torch's "invalid backend"."""
+    def create(opts, pg_options=None):
+        raise ImportError(reason)
+    return create
+
+
+def _register(dist, creator) -> None:
+    try:
+        dist.Backend.register_backend("dpkit", creator, extended_api=True, devices=["cpu"])
+    except TypeError:  # torch 1.13: no devices argument
+        dist.Backend.register_backend("dpkit", creator, extended_api=True)
 
 
 def _register_backend() -> None:
-    """Registers "dpkit" with torch.distributed (once; a no-op without torch
-    or without the compiled backend)."""
-    global _registered
+    """Registers "dpkit" with torch.distributed (once; a no-op without
+    torch). When the compiled backend cannot be loaded (built against
+    another torch, or not built), import dpkit still works and
+    :func:`available` is False; init_process_group("dpkit") then raises the
+    ImportError that says why."""
+    global _registered, _import_error
     if _registered:
         return
     try:
         import torch.distributed as dist
-        from . import _dist  # noqa: F401  (built only with torch and MPI)
     except ImportError:
         return
     if not dist.is_available():
         return
-    dist.Backend.register_backend("dpkit", _create, extended_api=True)
+    try:
+        from . import _dist  # noqa: F401  (checks the torch version before loading the extension)
+    except ImportError as e:
+        _import_error = str(e)
+        _register(dist, _unavailable(_import_error))
+        return
+    _register(dist, _create)
     _registered = True
 
 
 def available() -> bool:
-    """True if the backend "dpkit" is registered (torch and MPI were found
-    when the package was built)."""
+    """True if the backend "dpkit" is registered and loaded (it was built,
+    against the torch imported now)."""
     return _registered
+
+
+def unavailable_reason() -> Optional[str]:
+    """Why the backend is not available (the ImportError's message), or
+    None."""
+    return _import_error
 
 
 def init_process_group(backend: str = "dpkit", timeout: datetime.timedelta = datetime.timedelta(minutes=30),
                        **kwargs) -> None:
-    """``torch.distributed.init_process_group(backend, ...)`` for a job
-    started by ``mpirun``: rank and world size from :func:`mpi_env`, and
-    torch's store (which torch uses for its own barriers) on rank 0's host at
-    a free port, agreed over MPI. ``backend`` may be any torch backend (e.g.
+    """``torch.distributed.init_process_group(backend, ...)`` for either
+    launcher. Under torchrun (no MPI launcher in the environment): torch's
+    own env:// rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+    Under ``mpirun``: rank and world size from :func:`mpi_env`, and torch's
+    store (which torch uses for its own barriers) on rank 0's host at a free
+    port, agreed over MPI. ``backend`` may be any torch backend (e.g.
     ``"gloo"`` to compare). Other keyword arguments go to torch."""
     import torch.distributed as dist
+    if not launched_by_mpi():
+        dist.init_process_group(backend, timeout=timeout, **kwargs)
+        return
     from . import _dist
+    if not _dist.has_mpi:
+        raise RuntimeError("dpkit backend: this build has no MPI (Open MPI was not found when dpkit was built): "
+                           "launch with torchrun and call torch.distributed.init_process_group(\"dpkit\")")
     rank, world = mpi_env()
     _dist.init_mpi()
     _finalize_at_exit()

@@ -1,13 +1,27 @@
-// dpkit._dist: the torch.distributed backend "dpkit" (a c10d::ProcessGroup,
-// torch 1.13's extension interface) over dpkit's MPI transport: dpkit's own
-// all-reduce (shared memory within a node, hierarchical across nodes, chosen
-// by the tuning table), broadcast, all-gather, reduce-scatter, reduce and
-// barrier on CPU tensors. python/dpkit/distributed.py registers it with
+// dpkit._dist_ext (loaded by dpkit/_dist.py once it has checked that the
+// imported torch is the one this was compiled against): the
+// torch.distributed backend "dpkit" over dpkit's
+// collectives: dpkit's own all-reduce (shared memory within a node,
+// hierarchical across nodes, chosen by the tuning table), broadcast,
+// all-gather, reduce-scatter, reduce and barrier on CPU tensors.
+// python/dpkit/distributed.py registers it with
 // torch.distributed.Backend.register_backend; docs/python.md is the guide.
 //
-// Launch: mpirun (Open MPI). The group's ranks are MPI ranks: torch's rank
-// must equal the MPI rank (checked), and the store torch hands the creator is
-// not used (MPI is the rendezvous).
+// One source for torch 1.13 (the group is a c10d::ProcessGroup) and torch 2.x
+// (a c10d::Backend under torch's ProcessGroup), told apart by
+// TORCH_VERSION_MAJOR; python/meson.build compiles it against the torch of
+// the Python it installs into.
+//
+// Launch: torchrun (or any env:// / file:// / tcp:// init_method): the group
+// meets through the c10d::Store torch hands the creator (c10d_kv_store
+// below: Gloo's full-mesh rendezvous, then dpkit's collectives over
+// dpkit::gloo_transport); every rank first records its group size in the
+// store, and ranks that disagree fail together with a message naming both
+// sizes. Under an MPI launcher (mpirun: OMPI_COMM_WORLD_SIZE / PMI_SIZE in
+// the environment; this build has MPI when DPKIT_DIST_MPI) the group is an
+// MPI communicator (dpkit::mpi) instead: torch's rank must equal the MPI rank
+// (checked), and the store is not used. The group's collectives are written
+// once over either transport (std::visit of a transport pointer).
 //
 // Each group runs its collectives in call order on one worker thread and
 // completes the Work's future when done, so torch's DDP overlaps them with
@@ -15,14 +29,23 @@
 // at once on the caller's thread (the latency of a small all-reduce without a
 // thread hand-off). Errors are dpkit's typed exceptions, raised by
 // Work.wait() (dpkit.TimeoutError, dpkit.MismatchError, ...).
+#if DPKIT_DIST_MPI
 #include <mpi.h>
+#include <dpkit/transport/mpi.hpp>
+#endif
 
 #include <dpkit/collectives.hpp>
 #include <dpkit/core/errors.hpp>
 #include <dpkit/torch/tensor.hpp>
-#include <dpkit/transport/mpi.hpp>
+#include <dpkit/transport/gloo.hpp>
 
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/utils/pybind.h>
 
@@ -32,6 +55,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -39,8 +63,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
+#include <unistd.h>
+#include <variant>
 #include <vector>
 
 namespace py = pybind11;
@@ -62,6 +89,7 @@ dpkit::reduce_op to_dpkit(const c10d::ReduceOp& op, int rank) {
   }
 }
 
+#if DPKIT_DIST_MPI
 bool mpi_started_here = false;
 
 /// MPI_Init_thread(MPI_THREAD_MULTIPLE) unless MPI is already initialized
@@ -84,6 +112,90 @@ int init_mpi() {
                        "; the backend calls MPI from its worker thread and needs MPI_THREAD_SERIALIZED or more");
   return provided;
 }
+#endif
+
+/// The c10d::Store torch hands a backend's creator (a PrefixStore of the
+/// group over torch's TCPStore, FileStore or HashStore) as the store of
+/// dpkit's Gloo rendezvous. create() is compareSet(key, "", value), which
+/// every torch store implements as "set if absent or equal to the expected
+/// value, then return what the key holds": each value is stored behind a
+/// header of 'd' and 16 random bytes drawn per call, so the returned value
+/// equals this call's exactly when this call wrote it, and of racing writers
+/// exactly one wins (an equal value written by another rank never looks like
+/// ours, and a stored value is never empty, so compareSet's "expected empty"
+/// never matches an existing key). put() is set(); try_get() check() then
+/// get(); exists() check(). Waits poll check() (1 ms, growing to 10 ms) up to
+/// their own deadline, never torch's blocking wait. Errors of torch's store
+/// (a lost connection to the TCPStore's server) become dpkit::error naming
+/// the store and the key.
+class c10d_kv_store final : public dpkit::detail::kv_store {
+public:
+  c10d_kv_store(c10::intrusive_ptr<c10d::Store> store, std::string where, std::chrono::milliseconds timeout)
+      : kv_store(std::move(where), timeout), store_(std::move(store)), rng_(std::random_device{}() ^ ::getpid()) {}
+
+  bool create(const std::string& key, const std::vector<char>& value) override {
+    const std::vector<std::uint8_t> mine = encode(value);
+    const auto got = call(key, [&] { return store_->compareSet(key, {}, mine); });
+    return got == mine;
+  }
+  void put(const std::string& key, const std::vector<char>& value) override {
+    const std::vector<std::uint8_t> v = encode(value);
+    call(key, [&] {
+      store_->set(key, v);
+      return 0;
+    });
+  }
+  std::optional<std::vector<char>> try_get(const std::string& key) override {
+    if (!exists(key)) return std::nullopt;
+    const auto v = call(key, [&] { return store_->get(key); });
+    if (v.size() < header || v[0] != 'd')
+      throw dpkit::error(where_ + ": key '" + key + "' holds " + std::to_string(v.size()) +
+                         " bytes not written by dpkit (another program's key under the group's prefix?)");
+    return std::vector<char>(v.begin() + header, v.end());
+  }
+  bool exists(const std::string& key) override {
+    return call(key, [&] { return store_->check({key}); });
+  }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    auto nap = std::chrono::milliseconds(1);
+    for (const auto& k : keys)
+      while (!exists(k)) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= until)
+          throw dpkit::timeout_error(where_ + ": waited " + std::to_string(timeout.count()) + " ms for key '" + k + "'");
+        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(nap, until - now));
+        nap = std::min(nap * 2, std::chrono::milliseconds(10));
+      }
+  }
+  using kv_store::wait;
+
+private:
+  static constexpr std::size_t header = 17;
+  std::vector<std::uint8_t> encode(const std::vector<char>& value) {
+    std::vector<std::uint8_t> v(header + value.size());
+    v[0] = 'd';
+    {
+      const std::lock_guard lk(mu_);
+      for (std::size_t i = 1; i < header; ++i) v[i] = static_cast<std::uint8_t>(rng_());
+    }
+    std::copy(value.begin(), value.end(), v.begin() + header);
+    return v;
+  }
+  template <class F>
+  auto call(const std::string& key, F f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const dpkit::error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw dpkit::error(where_ + ": key '" + key + "': " + e.what());
+    }
+  }
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::mutex mu_;
+  std::mt19937_64 rng_;
+};
 
 /// A collective's Work: completed by the group's worker (or the caller, for
 /// an inline collective) through its future; wait() rethrows the
@@ -128,9 +240,115 @@ private:
 std::mutex registry_mu;
 std::vector<std::weak_ptr<std::function<void()>>> registry; // shutdown of every live group
 
-/// A c10d::ProcessGroup whose collectives are dpkit's.
-class process_group_dpkit : public c10d::ProcessGroup {
+#if TORCH_VERSION_MAJOR >= 2
+using group_base = c10d::Backend; // torch 2.x: a backend under torch's ProcessGroup
+#else
+using group_base = c10d::ProcessGroup; // torch 1.13: the process group itself
+#endif
+
+/// The transport a group's collectives run on.
+#if DPKIT_DIST_MPI
+using comm_ref = std::variant<dpkit::gloo_transport*, dpkit::mpi*>;
+#else
+using comm_ref = std::variant<dpkit::gloo_transport*>;
+#endif
+
+/// Every rank of a group meeting through `kv` records its group size under
+/// "dpkit/size/<rank>", then waits for the records of ranks 0..size-1, or
+/// for "dpkit/error" (written by the first rank that saw a disagreement),
+/// until `timeout`. A rank that fails this way marks "dpkit/failed/<rank>"
+/// and waits (within the timeout) for the marks of the ranks it has seen
+/// before it throws: the store's server (rank 0's process, for env://)
+/// then stays up until every rank that arrived has read the error.
+/// @throws dpkit::invalid_argument naming both sizes and ranks when a rank
+///         records another size (on every rank: the one that sees it writes
+///         the error key, the others read it), or when a rank is taken
+///         twice; dpkit::timeout_error naming the ranks missing when the
+///         timeout passes first.
+void agree_on_size(c10d_kv_store& kv, int rank, int size, std::chrono::milliseconds timeout, const std::string& group_id) {
+  const std::string me = "dpkit backend: group '" + group_id + "': rank " + std::to_string(rank) + " of " +
+                         std::to_string(size) + ": ";
+  const auto bytes = [](const std::string& s) { return std::vector<char>(s.begin(), s.end()); };
+  const std::string size_s = std::to_string(size);
+  if (!kv.create("dpkit/size/" + std::to_string(rank), bytes(size_s)))
+    throw dpkit::invalid_argument(me + "another process already joined as rank " + std::to_string(rank) +
+                                  " (two processes were given the same RANK?)");
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  std::vector<bool> seen(static_cast<std::size_t>(size), false);
+  seen[static_cast<std::size_t>(rank)] = true;
+  // every rank seen so far knows of the failure before this one throws
+  const auto fail = [&](const std::string& why) {
+    kv.create("dpkit/error", bytes(why));
+    kv.put("dpkit/failed/" + std::to_string(rank), bytes("1"));
+    for (int r = 0; r < size; ++r)
+      if (r != rank && seen[static_cast<std::size_t>(r)])
+        while (!kv.exists("dpkit/failed/" + std::to_string(r)) && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    throw dpkit::invalid_argument(me + why);
+  };
+  auto nap = std::chrono::milliseconds(1);
+  for (;;) {
+    int missing = 0;
+    for (int r = 0; r < size; ++r) {
+      if (seen[static_cast<std::size_t>(r)]) continue;
+      const auto v = kv.try_get("dpkit/size/" + std::to_string(r));
+      if (!v) {
+        ++missing;
+        continue;
+      }
+      seen[static_cast<std::size_t>(r)] = true;
+      const std::string theirs(v->begin(), v->end());
+      if (theirs != size_s)
+        fail("rank " + std::to_string(r) + " says the group has " + theirs + " ranks, rank " + std::to_string(rank) +
+             " says " + size_s + " (WORLD_SIZE / world_size differs between the ranks)");
+    }
+    if (missing == 0) return;
+    if (const auto e = kv.try_get("dpkit/error")) fail(std::string(e->begin(), e->end()));
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until) {
+      std::string who;
+      for (int r = 0; r < size; ++r)
+        if (!seen[static_cast<std::size_t>(r)]) who += (who.empty() ? "" : ", ") + std::to_string(r);
+      throw dpkit::timeout_error(me + "rank(s) " + who + " did not join through " + kv.where() + " within " +
+                                 std::to_string(timeout.count()) + " ms (not started, or another WORLD_SIZE?)");
+    }
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(nap, until - now));
+    nap = std::min(nap * 2, std::chrono::milliseconds(20));
+  }
+}
+
+/// A torch process group (torch 1.13: a c10d::ProcessGroup; 2.x: a
+/// c10d::Backend) whose collectives are dpkit's, over Gloo pairs that met
+/// through torch's store or over MPI.
+class process_group_dpkit : public group_base {
 public:
+  /// The group meeting through torch's `store` (the creator's, already
+  /// prefixed with the group's name): rank `rank` of `size`. Collective over
+  /// the group: returns once every rank has joined and is connected.
+  /// @param hostname the address this rank's Gloo pairs listen on (empty:
+  ///        GLOO_SOCKET_IFNAME's, else this machine's host name).
+  /// @throws dpkit::invalid_argument when ranks disagree on the size (every
+  ///         rank) or a rank is taken twice; dpkit::timeout_error when the
+  ///         other ranks do not all arrive within `timeout`; dpkit::error if
+  ///         the store or the network fails.
+  process_group_dpkit(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
+                      const std::string& group_id, const std::string& hostname, std::size_t inline_bytes)
+      : group_base(rank, size), timeout_(timeout), inline_bytes_(inline_bytes) {
+    if (size < 1 || rank < 0 || rank >= size)
+      throw dpkit::invalid_argument("dpkit backend: group '" + group_id + "': rank " + std::to_string(rank) +
+                                    " out of range for group size " + std::to_string(size));
+    const auto start = std::chrono::steady_clock::now();
+    auto kv = std::make_shared<c10d_kv_store>(std::move(store), "torch's store", timeout);
+    agree_on_size(*kv, rank, size, timeout, group_id);
+    dpkit::gloo_options o;
+    o.hostname = hostname;
+    const auto left = timeout - std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    o.timeout = std::max(left, std::chrono::milliseconds(1000));
+    gloo_.emplace(std::move(kv), "dpkit", rank, size, o);
+    start_worker();
+  }
+
+#if DPKIT_DIST_MPI
   /// The group of `global_ranks` (MPI_COMM_WORLD ranks; empty = the world),
   /// in which this process is `rank` of `size`. Collective over the group.
   /// @throws dpkit::invalid_argument if torch's rank or size differs from
@@ -138,7 +356,7 @@ public:
   ///         renumbered); dpkit::error if MPI fails.
   process_group_dpkit(int rank, int size, std::chrono::milliseconds timeout, std::vector<int> global_ranks,
                       std::size_t inline_bytes)
-      : c10d::ProcessGroup(rank, size), timeout_(timeout), inline_bytes_(inline_bytes) {
+      : group_base(rank, size), timeout_(timeout), inline_bytes_(inline_bytes) {
     init_mpi();
     int world_rank = 0, world_size = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -164,15 +382,11 @@ public:
       MPI_Group_free(&group);
       MPI_Group_free(&world_group);
     }
-    comm_.emplace(comm, true);
+    mpi_.emplace(comm, true);
     MPI_Comm_free(&comm);
-    shutdown_fn_ = std::make_shared<std::function<void()>>([this] { shutdown(); });
-    {
-      const std::lock_guard lk(registry_mu);
-      registry.push_back(shutdown_fn_);
-    }
-    worker_ = std::thread([this] { work_loop(); });
+    start_worker();
   }
+#endif
 
   ~process_group_dpkit() override { shutdown(); }
 
@@ -191,14 +405,17 @@ public:
     if (worker_.joinable()) worker_.join();
     const std::lock_guard lk(mu_);
     stopped_ = true;
-    comm_.reset();
+    gloo_.reset();
+#if DPKIT_DIST_MPI
+    mpi_.reset();
+#endif
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
     const at::Tensor t = single(tensors, "allreduce");
     const dpkit::reduce_op op = to_dpkit(opts.reduceOp, getRank());
     return submit(c10d::OpType::ALLREDUCE, {t}, bytes(t), timeout_of(opts.timeout),
-                  [t, op](dpkit::mpi& c, const dpkit::collective_options& o) { dpkit::torch_allreduce(c, t, op, {}, o); });
+                  [t, op](auto& c, const dpkit::collective_options& o) { dpkit::torch_allreduce(c, t, op, {}, o); });
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -213,7 +430,7 @@ public:
     }
     const dpkit::reduce_op op = to_dpkit(opts.reduceOp, getRank());
     return submit(c10d::OpType::ALLREDUCE_COALESCED, ts, n, timeout_of(opts.timeout),
-                  [ts, op](dpkit::mpi& c, const dpkit::collective_options& o) {
+                  [ts, op](auto& c, const dpkit::collective_options& o) {
                     for (const auto& t : ts) dpkit::torch_allreduce(c, t, op, {}, o);
                   });
   }
@@ -222,7 +439,7 @@ public:
     const at::Tensor t = single(tensors, "broadcast");
     const int root = check_root(opts.rootRank, "broadcast");
     return submit(c10d::OpType::BROADCAST, {t}, bytes(t), timeout_of(opts.timeout),
-                  [t, root](dpkit::mpi& c, const dpkit::collective_options& o) {
+                  [t, root](auto& c, const dpkit::collective_options& o) {
                     dpkit::visit_torch_tensor(t, [&](auto v) { dpkit::broadcast(c, v, root, dpkit::algorithm::automatic, o); });
                   });
   }
@@ -232,7 +449,7 @@ public:
     const int root = check_root(opts.rootRank, "reduce");
     const dpkit::reduce_op op = to_dpkit(opts.reduceOp, getRank());
     return submit(c10d::OpType::REDUCE, {t}, bytes(t), timeout_of(opts.timeout),
-                  [t, root, op](dpkit::mpi& c, const dpkit::collective_options& o) {
+                  [t, root, op](auto& c, const dpkit::collective_options& o) {
                     dpkit::visit_torch_tensor(t, [&](auto v) { dpkit::reduce(c, v, op, root, dpkit::algorithm::automatic, o); });
                   });
   }
@@ -252,7 +469,7 @@ public:
                                       dpkit::detail::torch_describe(in));
     }
     return submit(c10d::OpType::ALLGATHER, outs, bytes(in) * outs.size(), timeout_of(opts.timeout),
-                  [in, outs](dpkit::mpi& c, const dpkit::collective_options& o) {
+                  [in, outs](auto& c, const dpkit::collective_options& o) {
                     at::Tensor flat = at::empty({static_cast<std::int64_t>(outs.size()) * in.numel()}, in.options());
                     gather_flat(c, in, flat, o);
                     for (std::size_t r = 0; r < outs.size(); ++r)
@@ -264,7 +481,7 @@ public:
     check_flat(output, input, "_allgather_base");
     const at::Tensor in = input, out = output;
     return submit(c10d::OpType::_ALLGATHER_BASE, {out}, bytes(out), timeout_of(opts.timeout),
-                  [in, out](dpkit::mpi& c, const dpkit::collective_options& o) { gather_flat(c, in, out, o); });
+                  [in, out](auto& c, const dpkit::collective_options& o) { gather_flat(c, in, out, o); });
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
@@ -281,7 +498,7 @@ public:
     const std::vector<at::Tensor> ins = inputs[0];
     const dpkit::reduce_op op = to_dpkit(opts.reduceOp, getRank());
     return submit(c10d::OpType::REDUCE_SCATTER, {out}, bytes(out) * ins.size(), timeout_of(opts.timeout),
-                  [ins, out, op](dpkit::mpi& c, const dpkit::collective_options& o) {
+                  [ins, out, op](auto& c, const dpkit::collective_options& o) {
                     std::vector<at::Tensor> flat_parts;
                     for (const auto& i : ins) flat_parts.push_back(i.reshape({-1}));
                     scatter_flat(c, at::cat(flat_parts), out, op, o);
@@ -294,21 +511,29 @@ public:
     const at::Tensor in = input, out = output;
     const dpkit::reduce_op op = to_dpkit(opts.reduceOp, getRank());
     return submit(c10d::OpType::_REDUCE_SCATTER_BASE, {out}, bytes(in), timeout_of(opts.timeout),
-                  [in, out, op](dpkit::mpi& c, const dpkit::collective_options& o) { scatter_flat(c, in, out, op, o); });
+                  [in, out, op](auto& c, const dpkit::collective_options& o) { scatter_flat(c, in, out, op, o); });
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
     return submit(c10d::OpType::BARRIER, {}, 0, timeout_of(opts.timeout),
-                  [](dpkit::mpi& c, const dpkit::collective_options& o) {
+                  [](auto& c, const dpkit::collective_options& o) {
                     dpkit::barrier(c, o);
                   });
+  }
+
+  /// "gloo" (met through torch's store) or "mpi".
+  std::string transport_name() const {
+#if DPKIT_DIST_MPI
+    if (mpi_) return "mpi";
+#endif
+    return "gloo";
   }
 
   /// Collectives run inline (no worker hand-off) up to this many bytes.
   std::size_t inline_bytes() const noexcept { return inline_bytes_; }
 
 private:
-  using body = std::function<void(dpkit::mpi&, const dpkit::collective_options&)>;
+  using body = std::function<void(comm_ref, const dpkit::collective_options&)>;
   struct task {
     body run;
     dpkit::collective_options options;
@@ -318,13 +543,15 @@ private:
 
   static std::size_t bytes(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); }
 
-  static void gather_flat(dpkit::mpi& c, const at::Tensor& in, const at::Tensor& out, const dpkit::collective_options& o) {
+  template <class C>
+  static void gather_flat(C& c, const at::Tensor& in, const at::Tensor& out, const dpkit::collective_options& o) {
     dpkit::visit_torch_tensor(in, [&](auto v) {
       using T = std::remove_pointer_t<decltype(v.ptr)>;
       dpkit::allgather(c, v, dpkit::torch_tensor_view<T>(out), dpkit::algorithm::automatic, o);
     });
   }
-  static void scatter_flat(dpkit::mpi& c, const at::Tensor& in, const at::Tensor& out, dpkit::reduce_op op,
+  template <class C>
+  static void scatter_flat(C& c, const at::Tensor& in, const at::Tensor& out, dpkit::reduce_op op,
                            const dpkit::collective_options& o) {
     dpkit::visit_torch_tensor(in, [&](auto v) {
       using T = std::remove_pointer_t<decltype(v.ptr)>;
@@ -374,12 +601,18 @@ private:
     return o;
   }
 
+  /// Queues (or runs at once) `f(transport, options)`, `f` generic over
+  /// the transport.
+  template <class F>
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, std::vector<at::Tensor> outputs, std::size_t nbytes,
-                                        dpkit::collective_options o, body run) {
+                                        dpkit::collective_options o, F f) {
+    body run = [f = std::move(f)](comm_ref c, const dpkit::collective_options& opts) {
+      std::visit([&](auto* p) { f(*p, opts); }, c);
+    };
     auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
     task t{std::move(run), o, std::move(outputs), future};
     std::unique_lock lk(mu_);
-    if (stop_ || !comm_)
+    if (stop_ || !has_comm())
       throw dpkit::communicator_error("dpkit backend: rank " + std::to_string(getRank()) +
                                       ": the process group was shut down (destroy_process_group or interpreter exit)");
     if (queue_.empty() && !busy_ && nbytes <= inline_bytes_) {
@@ -398,7 +631,7 @@ private:
 
   void execute(task& t) {
     try {
-      t.run(*comm_, t.options);
+      t.run(comm(), t.options);
       t.future->markCompleted(c10::IValue(t.outputs));
     } catch (...) {
       t.future->setError(std::current_exception());
@@ -421,7 +654,32 @@ private:
     }
   }
 
-  std::optional<dpkit::mpi> comm_;
+  bool has_comm() const {
+#if DPKIT_DIST_MPI
+    if (mpi_) return true;
+#endif
+    return gloo_.has_value();
+  }
+  comm_ref comm() {
+#if DPKIT_DIST_MPI
+    if (mpi_) return &*mpi_;
+#endif
+    return &*gloo_;
+  }
+  /// Registers the group for finalize() and starts its worker thread.
+  void start_worker() {
+    shutdown_fn_ = std::make_shared<std::function<void()>>([this] { shutdown(); });
+    {
+      const std::lock_guard lk(registry_mu);
+      registry.push_back(shutdown_fn_);
+    }
+    worker_ = std::thread([this] { work_loop(); });
+  }
+
+  std::optional<dpkit::gloo_transport> gloo_;
+#if DPKIT_DIST_MPI
+  std::optional<dpkit::mpi> mpi_;
+#endif
   std::chrono::milliseconds timeout_;
   std::size_t inline_bytes_;
   std::mutex mu_;
@@ -445,12 +703,15 @@ void finalize() {
     registry.clear();
   }
   for (auto& s : live) (*s)();
+#if DPKIT_DIST_MPI
   int inited = 0, finalized = 0;
   MPI_Initialized(&inited);
   MPI_Finalized(&finalized);
   if (mpi_started_here && inited && !finalized) MPI_Finalize();
+#endif
 }
 
+#if DPKIT_DIST_MPI
 /// `s` from world rank `root` to every rank (MPI_Bcast of its length, then
 /// its bytes): the rendezvous address of init_process_group.
 std::string broadcast_string(std::string s, int root) {
@@ -463,24 +724,86 @@ std::string broadcast_string(std::string s, int root) {
     throw dpkit::error("dpkit backend: MPI_Bcast failed");
   return s;
 }
+#endif
+
+/// dpkit's exceptions as dpkit._core's Python classes (every kind: when this
+/// module and _core share pybind11's internals, as with Debian's torch,
+/// this translator is tried first for _core's calls too), for this module's
+/// calls and torch's (Work.wait): with torch 2.x this module is compiled
+/// with torch's own pybind11, whose translators are not _core's.
+void register_translator() {
+  const py::module_ core = py::module_::import("dpkit._core");
+  const auto cls = [&](const char* name) { return py::object(core.attr(name)).release().ptr(); };
+  static PyObject* const error_t = cls("Error");
+  static PyObject* const format_t = cls("FormatError");
+  static PyObject* const stale_t = cls("StaleIndexError");
+  static PyObject* const cancelled_t = cls("BuildCancelled");
+  static PyObject* const timeout_t = cls("TimeoutError");
+  static PyObject* const mismatch_t = cls("MismatchError");
+  static PyObject* const communicator_t = cls("CommunicatorError");
+  static PyObject* const peer_t = cls("PeerError");
+  static PyObject* const invalid_t = cls("InvalidArgument");
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const dpkit::timeout_error& e) {
+      PyErr_SetString(timeout_t, e.what());
+    } catch (const dpkit::mismatch_error& e) {
+      PyErr_SetString(mismatch_t, e.what());
+    } catch (const dpkit::communicator_error& e) {
+      PyErr_SetString(communicator_t, e.what());
+    } catch (const dpkit::peer_error& e) {
+      PyErr_SetString(peer_t, e.what());
+    } catch (const dpkit::stale_index_error& e) {
+      PyErr_SetString(stale_t, e.what());
+    } catch (const dpkit::format_error& e) {
+      PyErr_SetString(format_t, e.what());
+    } catch (const dpkit::build_cancelled& e) {
+      PyErr_SetString(cancelled_t, e.what());
+    } catch (const dpkit::error& e) {
+      PyErr_SetString(error_t, e.what());
+    } catch (const dpkit::invalid_argument& e) {
+      PyErr_SetString(invalid_t, e.what());
+    }
+  });
+}
 
 } // namespace
 
-PYBIND11_MODULE(_dist, m) {
+PYBIND11_MODULE(_dist_ext, m) {
   m.doc() = "the torch.distributed backend 'dpkit' (see dpkit.distributed)";
   py::module_::import("torch.distributed");
-  py::module_::import("dpkit._core"); // dpkit's exception types and their translator
-  py::class_<process_group_dpkit, c10d::ProcessGroup, c10::intrusive_ptr<process_group_dpkit>>(m, "ProcessGroupDpkit")
-      .def(py::init([](int rank, int size, std::chrono::milliseconds timeout, std::vector<int> global_ranks, std::size_t inline_bytes) {
-             return c10::make_intrusive<process_group_dpkit>(rank, size, timeout, std::move(global_ranks), inline_bytes);
-           }),
-           py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("global_ranks"), py::arg("inline_bytes") = 65536,
-           py::call_guard<py::gil_scoped_release>())
-      .def("shutdown", &process_group_dpkit::shutdown, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("inline_bytes", &process_group_dpkit::inline_bytes);
+  register_translator();
+  m.attr("torch_version") = TORCH_VERSION; // the torch this module was compiled against
+#if DPKIT_DIST_MPI
+  m.attr("has_mpi") = true;
+#else
+  m.attr("has_mpi") = false;
+#endif
+  auto cls = py::class_<process_group_dpkit, group_base, c10::intrusive_ptr<process_group_dpkit>>(m, "ProcessGroupDpkit");
+  cls.def(py::init([](c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
+                      const std::string& group_id, const std::string& hostname, std::size_t inline_bytes) {
+            return c10::make_intrusive<process_group_dpkit>(std::move(store), rank, size, timeout, group_id, hostname,
+                                                            inline_bytes);
+          }),
+          py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_id") = "",
+          py::arg("hostname") = "", py::arg("inline_bytes") = 65536, py::call_guard<py::gil_scoped_release>(),
+          "the group meeting through torch's store (Gloo pairs)");
+#if DPKIT_DIST_MPI
+  cls.def(py::init([](int rank, int size, std::chrono::milliseconds timeout, std::vector<int> global_ranks, std::size_t inline_bytes) {
+            return c10::make_intrusive<process_group_dpkit>(rank, size, timeout, std::move(global_ranks), inline_bytes);
+          }),
+          py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("global_ranks"), py::arg("inline_bytes") = 65536,
+          py::call_guard<py::gil_scoped_release>(), "the group over MPI (mpirun)");
+#endif
+  cls.def("shutdown", &process_group_dpkit::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("inline_bytes", &process_group_dpkit::inline_bytes)
+      .def_property_readonly("transport", &process_group_dpkit::transport_name);
+  m.def("finalize", &finalize, py::call_guard<py::gil_scoped_release>(),
+        "shuts down every dpkit group, then MPI_Finalize if dpkit initialized MPI");
+#if DPKIT_DIST_MPI
   m.def("init_mpi", &init_mpi, "MPI_Init_thread(MPI_THREAD_MULTIPLE) unless initialized; returns the thread level");
   m.def("broadcast_string", &broadcast_string, py::arg("s"), py::arg("root") = 0, py::call_guard<py::gil_scoped_release>(),
         "s from MPI_COMM_WORLD rank root to every rank");
-  m.def("finalize", &finalize, py::call_guard<py::gil_scoped_release>(),
-        "shuts down every dpkit group, then MPI_Finalize if dpkit initialized MPI");
+#endif
 }

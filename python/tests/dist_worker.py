@@ -1,4 +1,9 @@
-"""Run under mpirun by test_distributed.py: `python dist_worker.py CASE OUTDIR`.
+"""Run under mpirun by test_distributed.py, or as plain processes with
+torch's env:// variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) by
+test_torch_launch.py: `python dist_worker.py CASE OUTDIR`. DPKIT_TEST_INIT
+says how the group is made: "mpi" (default: dpkit.distributed's mpirun
+helper), "env" (init_process_group("dpkit"): env://, what torchrun gives),
+or an init_method URL (file://..., tcp://...) with RANK and WORLD_SIZE.
 Writes one JSON file per rank (OUTDIR/rank<R>.json, written whole and then
 renamed into place) for the test to check; any failed check raises (non-zero
 exit). Files, not stdout: mpirun forwards each rank's stdout in chunks, and a
@@ -109,6 +114,106 @@ def case_collectives():
             dist.all_reduce(t, group=sub)
             assert torch.equal(t, torch.full((4,), 3.0))
     return {"checked": checked}
+
+
+def dpkit_group_transport():
+    """"gloo" or "mpi": the transport of the default group's dpkit backend."""
+    pg = dist.distributed_c10d._get_default_group()
+    if hasattr(pg, "_get_backend"):  # torch 2.x: the backend under torch's ProcessGroup
+        pg = pg._get_backend(torch.device("cpu"))
+    return pg.transport
+
+
+def case_short():
+    """The collectives over a group met through torch's store, briefly: every
+    reduce op on a few sizes and dtypes, broadcast from every root,
+    all-gather, reduce-scatter (list and flat), reduce, barrier, async and
+    a subgroup; against the exact local reference and a gloo group."""
+    r, w = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    checked = 0
+    for n in (0, 5, 1000, 100_000):  # 100k floats: past inline_bytes, on the worker thread
+        for dtype in (torch.float32, torch.int64, torch.bfloat16):
+            for op in ("sum", "product", "min", "max", "avg"):
+                if op == "avg" and not dtype.is_floating_point:
+                    continue
+                lo, hi = (1, 3) if op == "product" else (-8, 9)
+                xs = [inputs(p, n, dtype, lo, hi) for p in range(w)]
+                t = xs[r].clone()
+                dist.all_reduce(t, OPS[op])
+                assert torch.equal(t.double(), reference(op, xs).to(dtype).double()), (n, dtype, op)
+                if op != "avg" and dtype != torch.bfloat16:  # gloo has no AVG and no bf16
+                    u = xs[r].clone()
+                    dist.all_reduce(u, OPS[op], group=gloo)
+                    assert torch.equal(t, u), (n, dtype, op, "gloo")
+                checked += 1
+    for n in (0, 3, 20_000):
+        for root in range(w):
+            t = inputs(r, n, torch.float32)
+            dist.broadcast(t, root)
+            assert torch.equal(t, inputs(root, n, torch.float32))
+            checked += 1
+        outs = [torch.empty(n) for _ in range(w)]
+        dist.all_gather(outs, inputs(r, n, torch.float32))
+        gouts = [torch.empty(n) for _ in range(w)]
+        if n:  # torch 1.13's gloo all_gather of empty tensors dies of SIGFPE
+            dist.all_gather(gouts, inputs(r, n, torch.float32), group=gloo)
+        for p in range(w):
+            assert torch.equal(outs[p], inputs(p, n, torch.float32)) and (not n or torch.equal(outs[p], gouts[p]))
+        flat = torch.empty(w * n)
+        dist._all_gather_base(flat, inputs(r, n, torch.float32))
+        assert torch.equal(flat, torch.cat([inputs(p, n, torch.float32) for p in range(w)]))
+        full = [inputs(p, w * n, torch.float32) for p in range(w)]
+        out = torch.empty(n)
+        dist.reduce_scatter(out, list(full[r].split(n)) if n else [torch.empty(0)] * w)
+        assert torch.equal(out, reference("sum", full).float()[r * n:(r + 1) * n])
+        out2 = torch.empty(n)
+        dist._reduce_scatter_base(out2, full[r].clone())
+        assert torch.equal(out2, out)
+        t = inputs(r, n, torch.float32)
+        dist.reduce(t, w - 1, dist.ReduceOp.MAX)
+        if r == w - 1:
+            assert torch.equal(t, reference("max", [inputs(p, n, torch.float32) for p in range(w)]).float())
+        checked += 4
+    ts = [inputs(r, 30_000, torch.float32) for _ in range(3)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    for wk in works:
+        wk.wait()
+    for t in ts:
+        assert torch.equal(t, reference("sum", [inputs(p, 30_000, torch.float32) for p in range(w)]).float())
+    dist.barrier()
+    if w >= 3:  # a subgroup of ranks 0 and 1 meets under its own prefix of the store
+        sub = dist.new_group([0, 1], backend="dpkit")
+        if r in (0, 1):
+            t = torch.full((4,), float(r + 1))
+            dist.all_reduce(t, group=sub)
+            assert torch.equal(t, torch.full((4,), 3.0))
+            checked += 1
+        dist.barrier()
+    return {"checked": checked, "transport": dpkit_group_transport()}
+
+
+def case_init_error():
+    """init_process_group itself fails (ranks disagree on the world size, or
+    the other ranks never come): the error's type, message and time."""
+    t0 = time.monotonic()
+    try:
+        init_group(datetime.timedelta(seconds=float(os.environ.get("DPKIT_TEST_TIMEOUT", "3"))))
+        return {"error": "none"}
+    except Exception as e:  # noqa: BLE001  (what the user sees, recorded for the test)
+        return {"error": type(e).__name__ + ": " + str(e)[:600], "elapsed_s": time.monotonic() - t0,
+                "dpkit": isinstance(e, (dpkit.Error, dpkit.InvalidArgument))}
+
+
+def init_group(timeout):
+    init = os.environ.get("DPKIT_TEST_INIT", "mpi")
+    if init == "mpi":
+        dpkit.distributed.init_process_group("dpkit", timeout=timeout)
+    elif init == "env":
+        dist.init_process_group("dpkit", timeout=timeout)
+    else:
+        dist.init_process_group("dpkit", init_method=init, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
 
 
 def make_model():
@@ -230,9 +335,13 @@ def main():
         atexit.register(lambda: (outdir / f"exit{os.environ.get('OMPI_COMM_WORLD_RANK', '?')}").write_text(
             repr(time.monotonic())))
     timeout = datetime.timedelta(seconds=2 if case in ("timeout", "errors") else 5 if case == "rank_death" else 120)
-    dpkit.distributed.init_process_group("dpkit", timeout=timeout)
-    result = globals()["case_" + case]()
-    rank = dist.get_rank()
+    if case == "init_error":
+        result = case_init_error()
+        rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    else:
+        init_group(timeout)
+        result = globals()["case_" + case]()
+        rank = dist.get_rank()
     tmp = outdir / f"rank{rank}.json.tmp"
     tmp.write_text(json.dumps({"rank": rank, **result}))
     os.replace(tmp, outdir / f"rank{rank}.json")
