@@ -8,6 +8,7 @@ The task: predict a package's Debian section (libs, python, doc, ...) from
 the bytes of its description, with a bag-of-byte-bigrams model. Run:
 
     xz -dk data/debian-descriptions.jsonl.xz
+    torchrun --nproc-per-node 2 examples/python/train_sections.py --data data/debian-descriptions.jsonl --steps 200
     mpirun -np 2 python examples/python/train_sections.py --data data/debian-descriptions.jsonl --steps 200
     # again with --resume: continues from the checkpoint, where it stopped
 
@@ -75,7 +76,7 @@ def main():
     ap.add_argument("--log-every", type=int, default=20)
     args = ap.parse_args()
 
-    dpkit.distributed.init_process_group(args.backend)  # rank and world size from mpirun
+    dpkit.distributed.init_process_group(args.backend)  # rank and world size from torchrun (env://) or mpirun
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))  # mpirun binds each rank to its cores
 
