@@ -14,7 +14,10 @@
 
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -253,6 +256,30 @@ TEST_CASE("gloo node: threads of one process: the segment, the topology and a sp
     auto sub = comm.split(comm.rank() % 2, comm.rank());
     if (wrong[r].empty() && sub.size() > 1 && !sub.shm()) wrong[r] = "split group without a segment";
     if (wrong[r].empty()) wrong[r] = check_sums(sub, dpkit::algorithm::automatic, 2);
+  });
+  for (std::size_t r = 0; r < 3; ++r) {
+    CHECK_MESSAGE(errors[r].empty(), "rank " << r << ": " << errors[r]);
+    CHECK_MESSAGE(wrong[r].empty(), wrong[r]);
+  }
+}
+
+TEST_CASE("gloo node: a tcp:// store served by rank 0 of the URL constructor") {
+  // a free port: bound, then released
+  int port = 0;
+  {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+    close(fd);
+  }
+  std::vector<std::string> wrong(3);
+  const auto errors = run_world("tcp://127.0.0.1:" + std::to_string(port), 3, [&](dpkit::gloo_transport& comm) {
+    wrong[static_cast<std::size_t>(comm.rank())] = comm.shm() ? check_sums(comm, dpkit::algorithm::automatic, 7) : "no segment";
   });
   for (std::size_t r = 0; r < 3; ++r) {
     CHECK_MESSAGE(errors[r].empty(), "rank " << r << ": " << errors[r]);

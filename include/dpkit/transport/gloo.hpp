@@ -168,7 +168,7 @@ public:
   /// prefix and options (nothing is written yet).
   void attach(const std::string& url, const gloo_options& o) {
     std::string prefix;
-    auto store = open_kv_store(url, where(), o.timeout, prefix);
+    auto store = open_kv_store(url, where(), o.timeout, prefix, rank_);
     attach(std::move(store), std::move(prefix), o);
   }
   /// Keeps an open store, with the key prefix `prefix` (+ "/" + o.prefix).
