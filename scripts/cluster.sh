@@ -9,6 +9,11 @@
 #   scripts/cluster.sh up N [--delay 10us] [--rate 2gbit] [--slots S]
 #   scripts/cluster.sh run [mpirun arguments...]     e.g. run -np 4 build/benchmarks/allreduce_perf -A all
 #   scripts/cluster.sh exec NODE command...          a command inside node NODE (0..N-1)
+#   scripts/cluster.sh launch [-n PER_NODE] [--port P] command...
+#                                                    without MPI, as torchrun on every node:
+#                                                    PER_NODE processes per node (default: the
+#                                                    slots) with torch's env:// variables, the
+#                                                    store on node 0 (MASTER_ADDR:P, default 29500)
 #   scripts/cluster.sh status                        nodes, addresses, qdiscs, measured round trip
 #   scripts/cluster.sh partition NODE... / heal      cut nodes off the bridge / reconnect them
 #   scripts/cluster.sh down                          removes everything `up` made
@@ -35,7 +40,7 @@ SUBNET=$NET.0/24
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 skip() { echo "cluster.sh: $*" >&2; exit 77; }
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 node_name() { echo "$PFX-node$1"; }
 node_ip() { echo "$NET.$(( $1 + 1 ))"; }
@@ -229,6 +234,46 @@ cmd_exec() {
   exec nsenter --net="/run/netns/$(node_name "$k")" --uts="$STATE/uts/$(node_name "$k")" -- "$@"
 }
 
+# Launches a job without MPI, as `torchrun --nnodes N --nproc-per-node K`
+# would on every node: K processes inside each node's namespaces with
+# MASTER_ADDR (node 0's address: the store rank 0 serves), MASTER_PORT,
+# RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and GLOO_SOCKET_IFNAME=eth0
+# (Gloo's pairs on the cluster's link); the rest of the environment is
+# passed as it is. Waits for every process; exits with the first non-zero
+# status (0 when all succeeded).
+cmd_launch() {
+  need_up
+  local per
+  per=$(sed -n 's/^slots=//p' "$STATE/config")
+  local port=29500
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      -n) per=$2; shift 2 ;;
+      --port) port=$2; shift 2 ;;
+      --) shift; break ;;
+      *) break ;;
+    esac
+  done
+  [[ "$per" =~ ^[1-9][0-9]*$ ]] || die "launch: -n expects a process count >= 1, got '$per'"
+  [[ "$port" =~ ^[1-9][0-9]*$ ]] && [ "$port" -le 65535 ] || die "launch: --port expects 1-65535, got '$port'"
+  [ $# -gt 0 ] || die "launch: no command"
+  local n world pids=() k l rc=0
+  n=$(nodes)
+  world=$((n * per))
+  for k in $(seq 0 $((n - 1))); do
+    for l in $(seq 0 $((per - 1))); do
+      MASTER_ADDR=$(node_ip 0) MASTER_PORT=$port RANK=$((k * per + l)) WORLD_SIZE=$world LOCAL_RANK=$l \
+        LOCAL_WORLD_SIZE=$per GLOO_SOCKET_IFNAME=eth0 \
+        nsenter --net="/run/netns/$(node_name "$k")" --uts="$STATE/uts/$(node_name "$k")" -- "$@" &
+      pids+=($!)
+    done
+  done
+  for p in "${pids[@]}"; do
+    wait "$p" || { local s=$?; [ "$rc" = 0 ] && rc=$s; }
+  done
+  return "$rc"
+}
+
 cmd_status() {
   need_up
   cat "$STATE/config"
@@ -266,6 +311,7 @@ up) shift; cmd_up "$@" ;;
 down) shift; cmd_down ;;
 run) shift; cmd_run "$@" ;;
 exec) shift; cmd_exec "$@" ;;
+launch) shift; cmd_launch "$@" ;;
 status) shift; cmd_status ;;
 partition) shift; cmd_partition "$@" ;;
 heal) shift; cmd_heal ;;
