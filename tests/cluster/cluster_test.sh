@@ -3,7 +3,8 @@
 # launches on separate hosts (network and UTS namespaces, tcp between them),
 # dpkit finds the nodes by MPI_COMM_TYPE_SHARED, and the hierarchical
 # collectives, split and the fault tests run over real sockets at 2x2, 4x1
-# and 3x2; allreduce_perf checks every algorithm's results (#wrong) at 2x2.
+# and 3x2; allreduce_perf checks every algorithm's results (#wrong) at 2x2,
+# launched by mpirun and, over Gloo, without it (cluster.sh launch).
 # Exits 77 (skip) where network namespaces cannot be made (no root or no
 # CAP_NET_ADMIN). Runs its own cluster (prefix dpt, 10.78.0.0/24, its own
 # state directory), so a user's cluster may be up beside it.
@@ -33,6 +34,13 @@ step "2x2: topology, split, hierarchical all-reduce and broadcast, faults" \
   env DPKIT_TEST_RANKS_PER_HOST=2 "$CL" run -np 4 "$HIER"
 step "2x2: allreduce_perf -A all, results checked" \
   "$CL" run -np 4 "$PERF" -b 8 -e 16M -f 16 -A all -c 1 -n 2 -w 1
+# without MPI: env:// variables, the tcp:// store on node 0, nodes found
+# through the store; the table must say 2 hosts and hier, and #wrong 0
+step "2x2 without mpirun (cluster.sh launch): allreduce_perf -A all over gloo, results checked" \
+  bash -c "'$CL' launch -n 2 --port 29517 '$PERF' -b 8 -e 16M -f 16 -A all -c 1 -n 2 -w 1 > /tmp/cluster_launch.\$\$ &&
+    grep -q '^# Algorithm: hier' /tmp/cluster_launch.\$\$ && grep -c 'on  *dpt-node1' /tmp/cluster_launch.\$\$ | grep -qx 2 &&
+    ! grep -E '^ +[0-9]+ +[0-9]+ +float' /tmp/cluster_launch.\$\$ | awk '\$9 != 0 || \$13 != 0 {bad=1} END {exit !bad}';
+    rc=\$?; cat /tmp/cluster_launch.\$\$; rm -f /tmp/cluster_launch.\$\$; exit \$rc"
 cleanup
 up 4 --slots 2
 step "4x1: topology (one rank per host: the flat algorithms), split, faults" \
