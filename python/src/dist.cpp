@@ -188,6 +188,8 @@ private:
       return f();
     } catch (const dpkit::error&) {
       throw;
+    } catch (const c10::Error& e) {
+      throw dpkit::error(where_ + ": key '" + key + "': " + e.what_without_backtrace());
     } catch (const std::exception& e) {
       throw dpkit::error(where_ + ": key '" + key + "': " + e.what());
     }
@@ -278,12 +280,16 @@ void agree_on_size(c10d_kv_store& kv, int rank, int size, std::chrono::milliseco
   seen[static_cast<std::size_t>(rank)] = true;
   // every rank seen so far knows of the failure before this one throws
   const auto fail = [&](const std::string& why) {
-    kv.create("dpkit/error", bytes(why));
-    kv.put("dpkit/failed/" + std::to_string(rank), bytes("1"));
-    for (int r = 0; r < size; ++r)
-      if (r != rank && seen[static_cast<std::size_t>(r)])
-        while (!kv.exists("dpkit/failed/" + std::to_string(r)) && std::chrono::steady_clock::now() < until)
-          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    try {
+      kv.create("dpkit/error", bytes(why));
+      kv.put("dpkit/failed/" + std::to_string(rank), bytes("1"));
+      for (int r = 0; r < size; ++r)
+        if (r != rank && seen[static_cast<std::size_t>(r)])
+          while (!kv.exists("dpkit/failed/" + std::to_string(r)) && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    } catch (const dpkit::error&) {
+      // the store's server has gone: its rank read the error and threw
+    }
     throw dpkit::invalid_argument(me + why);
   };
   auto nap = std::chrono::milliseconds(1);
