@@ -1,11 +1,12 @@
 // dpkit._dist_ext (loaded by dpkit/_dist.py once it has checked that the
 // imported torch is the one this was compiled against): the
-// torch.distributed backend "dpkit" over dpkit's
-// collectives: dpkit's own all-reduce (shared memory within a node,
-// hierarchical across nodes, chosen by the tuning table), broadcast,
-// all-gather, reduce-scatter, reduce and barrier on CPU tensors.
-// python/dpkit/distributed.py registers it with
-// torch.distributed.Backend.register_backend; docs/python.md is the guide.
+// torch.distributed backend "dpkit" over dpkit's collectives: all-reduce,
+// broadcast, all-gather, reduce-scatter, reduce and barrier on CPU tensors,
+// the algorithm chosen by dpkit's dispatchers for the transport (over MPI:
+// shared memory within a node, hierarchical across nodes; over Gloo: what
+// dpkit::gloo_transport offers). python/dpkit/distributed.py registers it
+// with torch.distributed.Backend.register_backend; docs/python.md is the
+// guide.
 //
 // One source for torch 1.13 (the group is a c10d::ProcessGroup) and torch 2.x
 // (a c10d::Backend under torch's ProcessGroup), told apart by
