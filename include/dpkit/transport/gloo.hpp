@@ -689,7 +689,8 @@ public:
   /// Called by waits on the segment about every millisecond
   /// (shared_memory_transport): publishes this rank's current call, then
   /// throws peer_error when a rank of the node has ended (its process no
-  /// longer exists: kill(pid, 0)), mismatch_error when a waiting peer runs
+  /// longer exists: kill(pid, 0); or is a zombie its launcher has not
+  /// reaped yet, looked for every 50 ms), mismatch_error when a waiting peer runs
   /// another call at this call's sequence number (naming both), and
   /// communicator_error when this transport failed; each failure first
   /// fails the transport (its peers' waits end too).
@@ -698,10 +699,15 @@ public:
     if (seg && !health().failed()) {
       const detail::fingerprint mine = health().current();
       seg->publish(mine);
+      // an unreaped dead process (a zombie) is looked for every 50 ms: it
+      // costs a read of /proc, where kill(pid, 0) is one system call
+      const auto now = clock::now();
+      const bool zombies = now - last_zombie_check_ > std::chrono::milliseconds(50);
+      if (zombies) last_zombie_check_ = now;
       for (int p = 0; p < size(); ++p) {
         if (p == rank()) continue;
         const int pid = seg->control(p).pid.load(std::memory_order_relaxed);
-        if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+        if (detail::process_ended(pid, zombies)) {
           const std::string what = where_rank() + ": rank " + std::to_string(p) + " (process " + std::to_string(pid) +
                                    " on this node) has ended without leaving the collective";
           st_->fail(what);
@@ -791,6 +797,7 @@ private:
   std::unique_ptr<progress_thread> progress_;
   node_topology topo_;
   std::unique_ptr<gloo_transport> node_, cross_; // the hierarchy's parts (several nodes)
+  clock::time_point last_zombie_check_{};        // shm_poll's last look for unreaped dead peers
 };
 
 } // namespace dpkit
