@@ -3,6 +3,7 @@
 (and any other), side by side in one run, in nccl-tests' table (time of the
 slowest rank, algbw = bytes / time, busbw = algbw * 2 (n - 1) / n).
 
+    torchrun --nproc-per-node 2 benchmarks/python/dist_allreduce_perf.py -b 8 -e 256M -f 4
     mpirun -np 2 build-python/venv/bin/python benchmarks/python/dist_allreduce_perf.py -b 8 -e 256M -f 4
 
 Both groups live in one process: the default group is "dpkit", the others
@@ -38,7 +39,11 @@ def main() -> None:
     args = ap.parse_args()
 
     backends = args.backends.split(",")
-    dpkit.distributed.init_process_group(backends[0], timeout=datetime.timedelta(minutes=5))
+    timeout = datetime.timedelta(minutes=5)
+    if dpkit.distributed.launched_by_mpi():
+        dpkit.distributed.init_process_group(backends[0], timeout=timeout)  # ranks from mpirun
+    else:
+        dist.init_process_group(backends[0], timeout=timeout)  # env:// (torchrun, accelerate launch)
     rank, world = dist.get_rank(), dist.get_world_size()
     groups = {backends[0]: None}
     for b in backends[1:]:

@@ -323,6 +323,20 @@ def case_rank_death():
         return {"error": type(e).__name__ + ": " + str(e)[:300], "error_at": time.monotonic()}
 
 
+def case_spin():
+    """After one all-reduce, writes ready<rank> (with this process's pid)
+    and all-reduces 4 MiB until killed (the test SIGKILLs every rank in the
+    middle of a collective)."""
+    r = dist.get_rank()
+    t = torch.ones(1 << 20)
+    dist.all_reduce(t)
+    (OUTDIR / f"ready{r}").write_text(str(os.getpid()))
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 120:
+        dist.all_reduce(t)
+    return {"error": "not killed"}
+
+
 OUTDIR = None
 
 

@@ -702,7 +702,8 @@ public:
       // an unreaped dead process (a zombie) is looked for every 50 ms: it
       // costs a read of /proc, where kill(pid, 0) is one system call
       const auto now = clock::now();
-      const bool zombies = now - last_zombie_check_ > std::chrono::milliseconds(50);
+      // (at once when a peer aborted: its reason may be a death this rank can name)
+      const bool zombies = now - last_zombie_check_ > std::chrono::milliseconds(50) || seg->aborted();
       if (zombies) last_zombie_check_ = now;
       for (int p = 0; p < size(); ++p) {
         if (p == rank()) continue;
