@@ -257,9 +257,11 @@ using comm_ref = std::variant<dpkit::gloo_transport*>;
 #endif
 
 /// Every rank of a group meeting through `kv` records its group size under
-/// "dpkit/size/<rank>", then waits for the records of ranks 0..size-1, or
-/// for "dpkit/error" (written by the first rank that saw a disagreement),
-/// until `timeout`. A rank that fails this way marks "dpkit/failed/<rank>"
+/// "<root>/size/<rank>" (root: "dpkit", or "dpkit/attempt<k>" in attempt k
+/// of a torchrun worker group), then waits for the records of ranks
+/// 0..size-1, or
+/// for root + "/error" (written by the first rank that saw a disagreement),
+/// until `timeout`. A rank that fails this way marks "<root>/failed/<rank>"
 /// and waits (within the timeout) for the marks of the ranks it has seen
 /// before it throws: the store's server (rank 0's process, for env://)
 /// then stays up until every rank that arrived has read the error.
@@ -268,12 +270,13 @@ using comm_ref = std::variant<dpkit::gloo_transport*>;
 ///         the error key, the others read it), or when a rank is taken
 ///         twice; dpkit::timeout_error naming the ranks missing when the
 ///         timeout passes first.
-void agree_on_size(c10d_kv_store& kv, int rank, int size, std::chrono::milliseconds timeout, const std::string& group_id) {
+void agree_on_size(c10d_kv_store& kv, const std::string& root, int rank, int size, std::chrono::milliseconds timeout,
+                   const std::string& group_id) {
   const std::string me = "dpkit backend: group '" + group_id + "': rank " + std::to_string(rank) + " of " +
                          std::to_string(size) + ": ";
   const auto bytes = [](const std::string& s) { return std::vector<char>(s.begin(), s.end()); };
   const std::string size_s = std::to_string(size);
-  if (!kv.create("dpkit/size/" + std::to_string(rank), bytes(size_s)))
+  if (!kv.create(root + "/size/" + std::to_string(rank), bytes(size_s)))
     throw dpkit::invalid_argument(me + "another process already joined as rank " + std::to_string(rank) +
                                   " (two processes were given the same RANK?)");
   const auto until = std::chrono::steady_clock::now() + timeout;
@@ -282,11 +285,11 @@ void agree_on_size(c10d_kv_store& kv, int rank, int size, std::chrono::milliseco
   // every rank seen so far knows of the failure before this one throws
   const auto fail = [&](const std::string& why) {
     try {
-      kv.create("dpkit/error", bytes(why));
-      kv.put("dpkit/failed/" + std::to_string(rank), bytes("1"));
+      kv.create(root + "/error", bytes(why));
+      kv.put(root + "/failed/" + std::to_string(rank), bytes("1"));
       for (int r = 0; r < size; ++r)
         if (r != rank && seen[static_cast<std::size_t>(r)])
-          while (!kv.exists("dpkit/failed/" + std::to_string(r)) && std::chrono::steady_clock::now() < until)
+          while (!kv.exists(root + "/failed/" + std::to_string(r)) && std::chrono::steady_clock::now() < until)
             std::this_thread::sleep_for(std::chrono::milliseconds(2));
     } catch (const dpkit::error&) {
       // the store's server has gone: its rank read the error and threw
@@ -298,7 +301,7 @@ void agree_on_size(c10d_kv_store& kv, int rank, int size, std::chrono::milliseco
     int missing = 0;
     for (int r = 0; r < size; ++r) {
       if (seen[static_cast<std::size_t>(r)]) continue;
-      const auto v = kv.try_get("dpkit/size/" + std::to_string(r));
+      const auto v = kv.try_get(root + "/size/" + std::to_string(r));
       if (!v) {
         ++missing;
         continue;
@@ -310,7 +313,7 @@ void agree_on_size(c10d_kv_store& kv, int rank, int size, std::chrono::milliseco
              " says " + size_s + " (WORLD_SIZE / world_size differs between the ranks)");
     }
     if (missing == 0) return;
-    if (const auto e = kv.try_get("dpkit/error")) fail(std::string(e->begin(), e->end()));
+    if (const auto e = kv.try_get(root + "/error")) fail(std::string(e->begin(), e->end()));
     const auto now = std::chrono::steady_clock::now();
     if (now >= until) {
       std::string who;
@@ -346,12 +349,16 @@ public:
                                     " out of range for group size " + std::to_string(size));
     const auto start = std::chrono::steady_clock::now();
     auto kv = std::make_shared<c10d_kv_store>(std::move(store), "torch's store", timeout);
-    agree_on_size(*kv, rank, size, timeout, group_id);
+    // torchrun keeps its store across restarts of the worker group: each
+    // attempt meets under keys of its own (the keys are written once)
+    std::string root = "dpkit";
+    if (const char* a = std::getenv("TORCHELASTIC_RESTART_COUNT"); a && *a) root += "/attempt" + std::string(a);
+    agree_on_size(*kv, root, rank, size, timeout, group_id);
     dpkit::gloo_options o;
     o.hostname = hostname;
     const auto left = timeout - std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
     o.timeout = std::max(left, std::chrono::milliseconds(1000));
-    gloo_.emplace(std::move(kv), "dpkit", rank, size, o);
+    gloo_.emplace(std::move(kv), root, rank, size, o);
     start_worker();
   }
 

@@ -17,7 +17,7 @@ import dpkit  # noqa: F401  (registers the backend)
 
 out = pathlib.Path(sys.argv[1])
 steps = 20
-dist.init_process_group("dpkit")
+dist.init_process_group(os.environ.get("DPKIT_TEST_BACKEND", "dpkit"))
 rank, world = dist.get_rank(), dist.get_world_size()
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 ck = out / "ckpt.pt"
