@@ -10,8 +10,13 @@
 //
 //   mpirun -np 2 build/examples/ddp_step data/models/gpt2-124m.tsv
 //   build/examples/ddp_step data/models/gpt2-124m.tsv -t 4     # 4 threads as ranks
+// Without mpirun (Gloo build), one process per rank (launch_main.hpp):
+//   build/examples/ddp_step data/models/gpt2-124m.tsv --rendezvous tcp://127.0.0.1:29500 --rank 0 --world-size 2 &
+//   build/examples/ddp_step data/models/gpt2-124m.tsv --rendezvous tcp://127.0.0.1:29500 --rank 1 --world-size 2
+//   (or MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE in the environment, as torchrun sets them)
 //
-// Options: -t N (inproc transport with N ranks instead of MPI), --steps S
+// Options: -t N (inproc transport with N ranks instead of MPI),
+// --rendezvous URL --rank R --world-size W (a launch without mpirun), --steps S
 // (default 2; buckets are rebuilt from the observed order after step 0),
 // --work W (arithmetic passes per gradient element, default 8),
 // --bucket-view (write gradients straight into the buckets).
@@ -27,6 +32,7 @@
 #define DDP_STEP_HAVE_MPI 1
 #endif
 
+#include "launch_main.hpp"
 #include "run_main.hpp"
 
 #include <chrono>
@@ -188,12 +194,16 @@ int run_rank(C& comm, const args& a) {
 }
 
 int usage(const char* argv0) {
-  std::fprintf(stderr, "usage: %s MODEL.tsv [-t THREADS] [--steps S] [--work W] [--bucket-view]\n", argv0);
+  std::fprintf(stderr,
+               "usage: %s MODEL.tsv [-t THREADS | --rendezvous URL --rank R --world-size W] [--steps S] [--work W] "
+               "[--bucket-view]\n",
+               argv0);
   return 2;
 }
 
 int ddp_step_main(int argc, char** argv) {
   args a;
+  const auto launch = dpkit_programs::take_launch_flags(argc, argv);
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : std::string(); };
@@ -211,25 +221,23 @@ int ddp_step_main(int argc, char** argv) {
   }
   if (a.model.empty()) return usage(argv[0]);
   if (a.threads > 0) {
+    if (launch.any())
+      throw dpkit::invalid_argument("-t " + std::to_string(a.threads) +
+                                    " runs the ranks as threads of this process: it takes no --rendezvous, --rank or "
+                                    "--world-size");
     dpkit::inproc_world world(a.threads);
     std::vector<int> rc(static_cast<std::size_t>(a.threads));
     world.run([&](dpkit::inproc& comm) { rc[static_cast<std::size_t>(comm.rank())] = run_rank(comm, a); });
     return rc[0];
   }
+  // mpirun (dpkit::mpi), or a launch without it (dpkit::gloo_transport)
+  const auto body = [&](auto& comm) { return run_rank(comm, a); };
 #ifdef DDP_STEP_HAVE_MPI
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rc = 1;
-  {
-    // Errors are not caught: run_main ends the whole job with the message,
-    // without unwinding through comm while other ranks wait in a collective.
-    dpkit::mpi comm(MPI_COMM_WORLD);
-    rc = run_rank(comm, a);
-  }
-  MPI_Finalize();
-  return rc;
+  return dpkit_programs::run_on_transport(argc, argv, launch, dpkit_programs::mpi_threads::multiple, body);
 #else
-  std::fprintf(stderr, "ddp_step: built without MPI; use -t N for N threads as ranks\n");
+  if (auto rc = dpkit_programs::run_if_launched(launch, body)) return *rc;
+  std::fprintf(stderr, "ddp_step: built without MPI; use -t N for N threads as ranks, or --rendezvous URL --rank R "
+                       "--world-size W\n");
   return 2;
 #endif
 }

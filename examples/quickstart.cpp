@@ -2,12 +2,18 @@
 // and check it against the sequential answer.
 //   mpirun -np 4 build/examples/quickstart        (MPI build: one process per rank)
 //   build/examples/quickstart 4                    (any build: 4 ranks as threads)
+// Without mpirun (Gloo build): one process per rank, met through rank 0's store
+//   build/examples/quickstart --rendezvous tcp://127.0.0.1:29500 --rank 0 --world-size 2 &
+//   build/examples/quickstart --rendezvous tcp://127.0.0.1:29500 --rank 1 --world-size 2
+//   (or MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 RANK=r WORLD_SIZE=2, as torchrun sets them)
 #include <dpkit/dpkit.hpp>
 
+#include "launch_main.hpp"
 #include "run_main.hpp"
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace {
@@ -36,19 +42,21 @@ int main(int argc, char** argv) {
   // run_main: an error on any rank prints "quickstart: rank R: ..." and ends
   // the whole job (examples/run_main.hpp), never a hang.
   return dpkit_programs::run_main("quickstart", [&] {
-#ifdef DPKIT_WITH_MPI
+    const auto flags = dpkit_programs::take_launch_flags(argc, argv);
     if (argc < 2) {
-      int provided = 0;
-      MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-      int wrong = 0;
-      {
-        dpkit::mpi comm(MPI_COMM_WORLD);
-        wrong = step(comm);
-      }
-      MPI_Finalize();
-      return wrong ? 1 : 0;
-    }
+      // mpirun, a launch without it (flags or env:// variables), or a plain
+      // run: one rank over MPI (an MPI build) or 4 threads
+      const auto body = [](auto& comm) { return step(comm) ? 1 : 0; };
+#ifdef DPKIT_WITH_MPI
+      return dpkit_programs::run_on_transport(argc, argv, flags, dpkit_programs::mpi_threads::serialized, body);
+#else
+      if (auto rc = dpkit_programs::run_if_launched(flags, body)) return *rc;
 #endif
+    } else if (flags.any()) {
+      throw dpkit::invalid_argument(std::string("quickstart ") + argv[1] +
+                                    " runs the ranks as threads of this process: it takes no --rendezvous, --rank "
+                                    "or --world-size");
+    }
     const int ranks = argc > 1 ? std::atoi(argv[1]) : 4;
     dpkit::inproc_world world(ranks);
     std::vector<int> wrong(static_cast<std::size_t>(ranks));

@@ -59,9 +59,16 @@ inline bool mpi_active() noexcept {
 #endif
 }
 
-/// This process's rank in MPI_COMM_WORLD when MPI is active, else the
-/// launcher's (mpirun, srun and hydra set one of these before MPI_Init), else
-/// -1 (a plain run).
+/// The rank of a launch without mpirun (launch_main.hpp sets it once the
+/// launch is resolved); -1 before, or in any other run.
+inline int& launched_rank() noexcept {
+  static int rank = -1;
+  return rank;
+}
+
+/// This process's rank in MPI_COMM_WORLD when MPI is active, else the rank of
+/// a launch without mpirun (launched_rank), else the launcher's (mpirun, srun
+/// and hydra set one of these before MPI_Init), else -1 (a plain run).
 inline int current_rank() noexcept {
 #ifdef DPKIT_RUN_MAIN_MPI
   if (mpi_active()) {
@@ -70,6 +77,7 @@ inline int current_rank() noexcept {
     return r;
   }
 #endif
+  if (launched_rank() >= 0) return launched_rank();
   for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK"}) {
     if (const char* v = std::getenv(var); v && *v) {
       char* end = nullptr;
