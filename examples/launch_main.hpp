@@ -140,6 +140,7 @@ std::optional<int> run_if_launched(const launch_args& flags, Body&& body) {
   dpkit::gloo_transport comm = dpkit::connect_launch(*job);
   return std::forward<Body>(body)(comm);
 #else
+  (void)body;
   if (flags.any() || std::getenv("DPKIT_RENDEZVOUS"))
     throw dpkit::invalid_argument(
         std::string(flags.rendezvous ? "--rendezvous='" + *flags.rendezvous + "'"
