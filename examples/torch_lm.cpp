@@ -9,6 +9,10 @@
 //   scripts/cluster.sh run -np 4 build/examples/torch_lm --steps 100 --inter-node-every 4   # two-speed sync, 2 nodes
 //   build/examples/torch_lm --elastic file:///tmp/job --id 1 --first-size 2 & build/examples/torch_lm --elastic file:///tmp/job --id 2
 //                          # elastic: no mpirun; processes fail and join at will (docs/elastic.md)
+//   build/examples/torch_lm --steps 200 --rendezvous tcp://127.0.0.1:29600 --rank 0 --world-size 2 &
+//   build/examples/torch_lm --steps 200 --rendezvous tcp://127.0.0.1:29600 --rank 1 --world-size 2
+//                          # without mpirun (Gloo build): the same training over dpkit::gloo_transport;
+//                          # or MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE as torchrun sets them
 //
 // Data: dpkit's JSONL index of <build>/data/debian-descriptions.jsonl with its
 // num_tokens column (built on first use next to the corpus) feeds dpkit's
@@ -19,9 +23,15 @@
 // the averaged gradients are in place).
 //
 // Modes (--ddp): dpkit (default: dpkit::distributed_data_parallel over
-// dpkit::mpi); per-param (the official libtorch example's approach: after
-// backward, MPI_Allreduce on every parameter's gradient, then divide);
-// none (one process alone, e.g. with --batches DIR --as-rank 0).
+// dpkit::mpi, or over dpkit::gloo_transport when launched without mpirun);
+// per-param (the official libtorch example's approach: after backward, an
+// all-reduce of every parameter's gradient, then divide: MPI_Allreduce under
+// mpirun); none (one process alone, e.g. with --batches DIR --as-rank 0).
+// run() is written once against the transport: its own collectives
+// (broadcast, barrier, all-gather of the metrics) are dpkit's, MPI's native
+// ones under mpirun (the same MPI calls as ever), dpkit's ring/tree/shm over
+// Gloo (the same values: a broadcast and an all-gather copy bytes, and the
+// barrier carries none).
 //
 // Reference check and benchmark (scripts/torch_ddp_reference.py):
 // --dump DIR writes the initial weights (DIR/init.bin) and every rank's token
@@ -49,6 +59,7 @@
 #include <dpkit/torch/elastic.hpp>
 #endif
 
+#include "launch_main.hpp"
 #include "run_main.hpp"
 #include "torch_lm_model.hpp"
 
@@ -68,6 +79,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -219,7 +231,8 @@ public:
   /// The index's num_tokens column.
   std::span<const std::uint32_t> lengths() const { return index_->lengths(); }
 
-  batch_source(const args& a, int world, int rank) : a_(a) {
+  /// `barrier` waits for every rank (nothing with --ddp none).
+  batch_source(const args& a, int world, int rank, const std::function<void()>& barrier) : a_(a) {
     if (!a.batches.empty()) {
       file_ = torch_lm::read_batches(a.batches + "/batches.rank" + std::to_string(rank) + ".bin");
       return;
@@ -230,7 +243,7 @@ public:
     open.build.length_column = dpkit::json_length_column("num_tokens");
     // Rank 0 builds the index (if missing or stale) before the others open it.
     if (rank == 0) index_.emplace(dpkit::jsonl_index::open(a.corpus, open));
-    if (a.ddp != "none") MPI_Barrier(MPI_COMM_WORLD);
+    barrier();
     if (rank != 0) index_.emplace(dpkit::jsonl_index::open(a.corpus, open));
     if (!index_->has_lengths()) throw dpkit::error(a.corpus + ": index has no num_tokens column");
     dpkit::token_budget_options o;
@@ -340,21 +353,33 @@ torch_lm::lm make_model(const args& a) {
   return torch_lm::lm(cfg);
 }
 
-int run(const args& a) {
+// The algorithm of run()'s own collectives: MPI's native ones on dpkit::mpi
+// (MPI_Bcast, MPI_Allreduce, MPI_Barrier, MPI_Allgather, as this program
+// always called them), dpkit's on a transport without native collectives.
+template <class C>
+constexpr dpkit::algorithm own_algorithm = dpkit::native_collectives<C> ? dpkit::algorithm::native
+                                                                        : dpkit::algorithm::automatic;
+
+// Trains on the ranks of `comm` (nullptr: --ddp none, one process alone).
+// C: dpkit::mpi under mpirun, dpkit::gloo_transport launched without it.
+template <class C>
+int run(const args& a, C* comm) {
   int world = 1, rank = 0;
-  if (a.ddp != "none") {
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (comm) {
+    world = comm->size();
+    rank = comm->rank();
   } else {
     rank = a.as_rank;
   }
+  constexpr dpkit::algorithm algo = own_algorithm<C>;
+  const auto barrier = [&] {
+    if (comm) dpkit::barrier(*comm, algo);
+  };
   // Before any torch work: libtorch's pools sized to this rank's CPUs.
-  std::unique_ptr<dpkit::mpi> comm;
   dpkit::torch_threads_options topt;
   topt.intra_op_threads = a.threads;
   dpkit::torch_threads_result threads;
-  if (a.ddp != "none") {
-    comm = std::make_unique<dpkit::mpi>(MPI_COMM_WORLD);
+  if (comm) {
     threads = dpkit::size_torch_threads(*comm, topt);
   } else {
     threads = dpkit::size_torch_threads(topt);
@@ -366,7 +391,7 @@ int run(const args& a) {
   std::int64_t start = 0;
   if (!a.resume.empty()) start = load_checkpoint(a.resume, model, opt, world); // before DDP hooks the parameters
 
-  std::unique_ptr<dpkit::distributed_data_parallel<dpkit::mpi>> ddp;
+  std::unique_ptr<dpkit::distributed_data_parallel<C>> ddp;
   if (a.ddp == "dpkit") {
     dpkit::ddp_options o;
     o.bucket_cap_mb = a.bucket_cap_mb;
@@ -378,10 +403,11 @@ int run(const args& a) {
     o.comm_hook = a.compression == "f16" ? dpkit::gradient_compression::f16
                   : a.compression == "bf16" ? dpkit::gradient_compression::bf16
                                             : dpkit::gradient_compression::none;
-    ddp = std::make_unique<dpkit::distributed_data_parallel<dpkit::mpi>>(model, *comm, o); // broadcasts rank 0's weights
+    ddp = std::make_unique<dpkit::distributed_data_parallel<C>>(model, *comm, o); // broadcasts rank 0's weights
   } else if (a.ddp == "per-param") {
     torch::NoGradGuard ng;
-    for (auto& p : model->parameters()) MPI_Bcast(p.data_ptr(), static_cast<int>(p.numel()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    for (auto& p : model->parameters())
+      dpkit::broadcast(*comm, std::span<float>(p.data_ptr<float>(), static_cast<std::size_t>(p.numel())), 0, algo);
   }
   if (!a.dump.empty() && rank == 0 && start == 0) {
     std::filesystem::create_directories(a.dump);
@@ -389,10 +415,10 @@ int run(const args& a) {
   }
   std::unique_ptr<torch_lm::batch_writer> dump_batches;
   if (!a.dump.empty()) {
-    if (a.ddp != "none") MPI_Barrier(MPI_COMM_WORLD); // rank 0 created the directory
+    barrier(); // rank 0 created the directory
     dump_batches = std::make_unique<torch_lm::batch_writer>(a.dump + "/batches.rank" + std::to_string(rank) + ".bin");
   }
-  batch_source data(a, world, rank);
+  batch_source data(a, world, rank, barrier);
   std::FILE* loss_log = nullptr;
   if (!a.loss_log.empty() && rank == 0) {
     loss_log = std::fopen(a.loss_log.c_str(), start == 0 ? "w" : "a");
@@ -419,7 +445,7 @@ int run(const args& a) {
     auto rows = data.batch(step);
     if (dump_batches) dump_batches->add(rows);
     const double tokens = static_cast<double>((rows.slice(1, 1, rows.size(1)) >= 0).sum().item<std::int64_t>());
-    if (a.ddp != "none") MPI_Barrier(MPI_COMM_WORLD); // time the step, not the other rank's tokenizer
+    barrier(); // time the step, not the other rank's tokenizer
     const auto t0 = clk::now();
     opt.zero_grad();
     auto loss = torch_lm::lm_loss(model, rows);
@@ -441,7 +467,8 @@ int run(const args& a) {
       if (a.ddp == "per-param") {
         for (auto& p : model->parameters()) {
           auto g = p.mutable_grad();
-          MPI_Allreduce(MPI_IN_PLACE, g.data_ptr(), static_cast<int>(g.numel()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          dpkit::allreduce(*comm, std::span<float>(g.data_ptr<float>(), static_cast<std::size_t>(g.numel())),
+                           dpkit::reduce_op::sum, dpkit::allreduce_policy{algo});
           g.div_(world);
         }
       }
@@ -474,7 +501,7 @@ int run(const args& a) {
     double m[nm] = {loss.item<double>(), tokens, step_s, exposed, last_bucket, secs(backward_end), secs(ready),
                     secs(compute_end)};
     std::vector<double> all(static_cast<std::size_t>(nm * world));
-    if (a.ddp != "none") MPI_Allgather(m, nm, MPI_DOUBLE, all.data(), nm, MPI_DOUBLE, MPI_COMM_WORLD);
+    if (comm) dpkit::allgather(*comm, std::span<const double>(m, nm), all, algo);
     else std::copy(m, m + nm, all.begin());
     double gl = 0, gt = 0, gs = 0, ge = 0, gb = 0;
     double end_max = -1e300, end_min = 1e300, ready_max = -1e300, compute_max = -1e300;
@@ -800,8 +827,23 @@ int torch_lm_main(int argc, char** argv) {
                "(default: a strict majority is needed, so a partition's minority never trains apart)");
   app.add_option("--sample-log", a.sample_log, "--elastic: each process appends its log to DIR/id<N>.log");
   app.add_option("--control", a.control, "--elastic: fault injection for the test (DIR/fail.<id>, DIR/pace)");
+  // A launch without mpirun (launch_main.hpp; also from MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)
+  dpkit_programs::launch_args launch;
+  std::string rendezvous, launch_rank, launch_world;
+  app.add_option("--rendezvous", rendezvous,
+                 "without mpirun: the store where the ranks meet (tcp://host:port served by rank 0, file:///dir, "
+                 "redis://host:port/job)");
+  app.add_option("--rank", launch_rank, "without mpirun: this process's rank");
+  app.add_option("--world-size", launch_world, "without mpirun: the number of processes");
   CLI11_PARSE(app, argc, argv);
+  if (app.count("--rendezvous")) launch.rendezvous = rendezvous;
+  if (app.count("--rank")) launch.rank = launch_rank;
+  if (app.count("--world-size")) launch.world_size = launch_world;
   resolve_defaults(a);
+  if (launch.any() && (!a.elastic.empty() || a.ddp == "none"))
+    throw dpkit::invalid_argument(std::string(!a.elastic.empty() ? "--elastic forms its own group through its store"
+                                                                 : "--ddp none runs one process alone") +
+                                  ": it takes no --rendezvous, --rank or --world-size");
   if (!a.elastic.empty()) {
 #ifdef TORCH_LM_ELASTIC
     try {
@@ -815,16 +857,22 @@ int torch_lm_main(int argc, char** argv) {
     return 1;
 #endif
   }
-  const bool use_mpi = a.ddp != "none";
-  if (use_mpi) {
-    int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-    if (provided < MPI_THREAD_MULTIPLE) throw dpkit::error("MPI does not provide MPI_THREAD_MULTIPLE");
-  }
+  if (a.ddp == "none") return run<dpkit::mpi>(a, nullptr);
+  // Launched without mpirun: over dpkit::gloo_transport. Not caught: an
+  // error on one rank ends the process through run_main; its peers' waits
+  // fail once its connections close.
+  if (auto rc = dpkit_programs::run_if_launched(launch, [&](auto& comm) { return run(a, &comm); })) return *rc;
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  if (provided < MPI_THREAD_MULTIPLE) throw dpkit::error("MPI does not provide MPI_THREAD_MULTIPLE");
   // Not caught: an error on one rank ends the whole job through run_main,
   // without unwinding through the communicator while the other ranks wait.
-  const int rc = run(a);
-  if (use_mpi) MPI_Finalize();
+  int rc = 1;
+  {
+    dpkit::mpi comm(MPI_COMM_WORLD);
+    rc = run(a, &comm);
+  }
+  MPI_Finalize();
   return rc;
 }
 
