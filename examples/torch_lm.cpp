@@ -839,11 +839,11 @@ int torch_lm_main(int argc, char** argv) {
   if (app.count("--rendezvous")) launch.rendezvous = rendezvous;
   if (app.count("--rank")) launch.rank = launch_rank;
   if (app.count("--world-size")) launch.world_size = launch_world;
-  resolve_defaults(a);
   if (launch.any() && (!a.elastic.empty() || a.ddp == "none"))
     throw dpkit::invalid_argument(std::string(!a.elastic.empty() ? "--elastic forms its own group through its store"
                                                                  : "--ddp none runs one process alone") +
                                   ": it takes no --rendezvous, --rank or --world-size");
+  if (!a.elastic.empty() || a.ddp == "none") resolve_defaults(a);
   if (!a.elastic.empty()) {
 #ifdef TORCH_LM_ELASTIC
     try {
@@ -860,8 +860,15 @@ int torch_lm_main(int argc, char** argv) {
   if (a.ddp == "none") return run<dpkit::mpi>(a, nullptr);
   // Launched without mpirun: over dpkit::gloo_transport. Not caught: an
   // error on one rank ends the process through run_main; its peers' waits
-  // fail once its connections close.
-  if (auto rc = dpkit_programs::run_if_launched(launch, [&](auto& comm) { return run(a, &comm); })) return *rc;
+  // fail once its connections close. The default files are looked for after
+  // connecting, so a rank that lacks them ends its peers at once rather than
+  // leaving them in the rendezvous until DPKIT_TIMEOUT.
+  const auto launched = [&](auto& comm) {
+    resolve_defaults(a);
+    return run(a, &comm);
+  };
+  if (auto rc = dpkit_programs::run_if_launched(launch, launched)) return *rc;
+  resolve_defaults(a);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   if (provided < MPI_THREAD_MULTIPLE) throw dpkit::error("MPI does not provide MPI_THREAD_MULTIPLE");
