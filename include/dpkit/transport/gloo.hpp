@@ -705,18 +705,15 @@ public:
       // (at once when a peer aborted: its reason may be a death this rank can name)
       const bool zombies = now - last_zombie_check_ > std::chrono::milliseconds(50) || seg->aborted();
       if (zombies) last_zombie_check_ = now;
-      for (int p = 0; p < size(); ++p) {
-        if (p == rank()) continue;
-        const int pid = seg->control(p).pid.load(std::memory_order_relaxed);
-        if (detail::process_ended(pid, zombies)) {
-          const std::string what = where_rank() + ": rank " + std::to_string(p) + " (process " + std::to_string(pid) +
-                                   " on this node) has ended without leaving the collective";
-          st_->fail(what);
-          throw peer_error(what);
-        }
-        if (!mine.valid) continue;
-        const detail::fingerprint theirs = seg->published(p);
-        if (!theirs.valid || theirs.seq != mine.seq || theirs.stream != mine.stream || theirs.same_call(mine)) continue;
+      if (const int p = seg->ended_peer(zombies); p >= 0) {
+        const std::string what = where_rank() + ": rank " + std::to_string(p) + " (process " +
+                                 std::to_string(seg->control(p).pid.load(std::memory_order_relaxed)) +
+                                 " on this node) has ended without leaving the collective";
+        st_->fail(what);
+        throw peer_error(what);
+      }
+      detail::fingerprint theirs;
+      if (const int p = seg->other_call(mine, theirs); p >= 0) {
         const std::string what = detail::mismatch_text(rank(), mine, p, theirs);
         st_->fail(what);
         throw mismatch_error(what);

@@ -304,30 +304,22 @@ struct mpi_shared {
   }
   /// A rank of this node whose process no longer exists, or -1 (also -1
   /// without a segment).
-  int gone_peer() const noexcept {
-    if (!shm) return -1;
-    for (int p = 0; p < size; ++p) {
-      const int pid = p == rank ? 0 : shm->control(p).pid.load(std::memory_order_relaxed);
-      if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) return p;
-    }
-    return -1;
-  }
+  int gone_peer() const noexcept { return shm ? shm->ended_peer(false) : -1; }
+
   /// On one node: a peer that waits too publishes its call in the segment;
   /// one at this call's sequence number and stream running another call is
   /// a mismatch even when no message of it can reach this rank (a tree
   /// all-reduce's root waits to receive from its child while the child, in a
   /// broadcast, waits to receive from the root: neither sends).
   void check_published(const fingerprint& mine) {
-    if (!mine.valid) return;
-    for (int p = 0; p < size; ++p) {
-      if (p == rank) continue;
-      const fingerprint theirs = shm->published(p);
-      if (!theirs.valid || theirs.seq != mine.seq || theirs.stream != mine.stream || theirs.same_call(mine)) continue;
+    fingerprint theirs;
+    if (const int p = shm->other_call(mine, theirs); p >= 0) {
       const std::string what = mismatch_text(rank, mine, p, theirs);
       fail_and_notify(what, 2, &mine);
       throw mismatch_error(what);
     }
   }
+
   /// Takes a pending fault notice (throws peer_error or mismatch_error), as
   /// poll() does, without looking at other messages; then the parent's.
   void poll_notices() {

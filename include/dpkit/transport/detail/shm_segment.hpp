@@ -12,10 +12,12 @@
 #include "health.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -24,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include <signal.h>  // kill (POSIX)
 #include <strings.h> // strcasecmp (POSIX)
 
 #if defined(__linux__)
@@ -197,6 +200,22 @@ public:
   }
   /// True once some rank set this rank's abort word.
   bool aborted() const noexcept { return control(rank_).abort.load(std::memory_order_acquire) != 0; }
+  /// The first other rank whose process has ended (process_ended over the
+  /// pids of the control lines; `zombies`: unreaped ones too), or -1 (also
+  /// where ranks are threads: pid 0).
+  int ended_peer(bool zombies) const noexcept;
+  /// The first other rank that published a different call than `mine` at
+  /// mine's sequence number and stream (what it runs is put in `theirs`),
+  /// or -1 (also when `mine` is invalid).
+  int other_call(const fingerprint& mine, fingerprint& theirs) const noexcept {
+    if (!mine.valid) return -1;
+    for (int p = 0; p < size(); ++p) {
+      if (p == rank_) continue;
+      theirs = published(p);
+      if (theirs.valid && theirs.seq == mine.seq && theirs.stream == mine.stream && !theirs.same_call(mine)) return p;
+    }
+    return -1;
+  }
   /// Guards against two threads running shm collectives on one rank at once.
   std::atomic<bool>& busy() noexcept { return busy_; }
 
@@ -206,6 +225,33 @@ private:
   std::size_t slot_bytes_ = 0;
   std::atomic<bool> busy_{false};
 };
+
+/// True when process `pid` has ended: it no longer exists (kill(pid, 0):
+/// ESRCH), or, with `zombie_too`, it has exited but its parent has not
+/// reaped it yet (state 'Z' in /proc/<pid>/stat; a launcher that polls its
+/// children slowly leaves a dead rank a zombie for a while). Never throws.
+inline bool process_ended(int pid, bool zombie_too) noexcept {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  if (!zombie_too) return false;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  std::FILE* f = std::fopen(path, "r");
+  if (!f) return false;
+  char buf[512];
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  // "pid (comm) S ...": the state follows the last ')' (comm may hold one)
+  const char* close = std::strrchr(buf, ')');
+  return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+}
+
+inline int shm_segment::ended_peer(bool zombies) const noexcept {
+  for (int p = 0; p < size(); ++p)
+    if (p != rank_ && process_ended(control(p).pid.load(std::memory_order_relaxed), zombies)) return p;
+  return -1;
+}
 
 /// Per-buffer data capacity from the environment: DPKIT_SHM_BYTES (bytes per
 /// buffer, 0 disables the refinement), else `fallback`.

@@ -185,27 +185,6 @@ inline void shm_remove_stale(const std::string& tag) noexcept {
   ::closedir(d);
 }
 
-/// True when process `pid` has ended: it no longer exists (kill(pid, 0):
-/// ESRCH), or, with `zombie_too`, it has exited but its parent has not
-/// reaped it yet (state 'Z' in /proc/<pid>/stat; a launcher that polls its
-/// children slowly leaves a dead rank a zombie for a while). Never throws.
-inline bool process_ended(int pid, bool zombie_too) noexcept {
-  if (pid <= 0) return false;
-  if (::kill(pid, 0) != 0) return errno == ESRCH;
-  if (!zombie_too) return false;
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  std::FILE* f = std::fopen(path, "r");
-  if (!f) return false;
-  char buf[512];
-  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  buf[n] = '\0';
-  // "pid (comm) S ...": the state follows the last ')' (comm may hold one)
-  const char* close = std::strrchr(buf, ')');
-  return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
-}
-
 /// The node's shared segment for ranks that meet through a store: the
 /// mapping and this rank's view.
 struct store_segment {
