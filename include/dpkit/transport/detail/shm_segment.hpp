@@ -2,8 +2,9 @@
 // (shared_memory_transport, concept.hpp). Every rank of a transport owns one
 // region of a segment that all ranks map: a control line (its step counter
 // and an abort word) and two data buffers of `slot_bytes` each. The memory is
-// a POSIX shared-memory object (shm_mapping.hpp; mpi, when every rank is on
-// one node) or a block the inproc_world owns. The shm algorithms (collectives/detail/shm.hpp) run in
+// a POSIX shared-memory object (shm_mapping.hpp; mpi and gloo_transport, the
+// latter set up through its store by store_bootstrap.hpp, when every rank is
+// on one node) or a block the inproc_world owns. The shm algorithms (collectives/detail/shm.hpp) run in
 // numbered steps over it; docs/algorithms.md "Shared memory" describes the
 // protocol. Not for users.
 #pragma once
