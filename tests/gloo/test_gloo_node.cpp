@@ -129,6 +129,12 @@ int worker(const std::string& url, int rank, int size, const std::string& mode) 
           std::cerr << "worker rank " << rank << ": hierarchical, but the node transport has no segment\n";
           return 1;
         }
+        // within a node messages go through its segment, across nodes over TCP
+        if (comm.shm_messages() || (comm.node_transport()->size() > 1) != comm.node_transport()->shm_messages()) {
+          std::cerr << "worker rank " << rank << ": messages take the wrong way (top level "
+                    << comm.shm_messages() << ", node " << comm.node_transport()->shm_messages() << ")\n";
+          return 1;
+        }
         for (auto a : {dpkit::algorithm::hierarchical, dpkit::algorithm::automatic})
           if (auto e = check_sums(comm, a, 3); !e.empty()) {
             std::cerr << "worker " << e << "\n";
@@ -136,8 +142,8 @@ int worker(const std::string& url, int rank, int size, const std::string& mode) 
           }
         return 0;
       }
-      if (!comm.shm()) {
-        std::cerr << "worker rank " << rank << ": one node, but no shared segment\n";
+      if (!comm.shm() || !comm.shm_messages()) {
+        std::cerr << "worker rank " << rank << ": one node, but no shared segment or messages over TCP\n";
         return 1;
       }
       const int pid0 = comm.shm()->control(0).pid.load();
@@ -146,15 +152,28 @@ int worker(const std::string& url, int rank, int size, const std::string& mode) 
         return 1;
       }
       for (auto a : {dpkit::algorithm::shm_two_shot, dpkit::algorithm::shm_one_shot, dpkit::algorithm::automatic,
-                     dpkit::algorithm::ring})
+                     dpkit::algorithm::ring, dpkit::algorithm::tree})
         if (auto e = check_sums(comm, a, 5); !e.empty()) {
           std::cerr << "worker " << e << "\n";
           return 1;
         }
       return 0;
     }
-    if (mode.rfind("die-", 0) == 0) {
-      const int die = std::atoi(mode.c_str() + 4);
+    if (mode == "tcp") { // DPKIT_SHM_BYTES=0: no segment, messages over TCP
+      if (comm.shm() || comm.shm_messages()) {
+        std::cerr << "worker rank " << rank << ": DPKIT_SHM_BYTES=0, but a segment or shared-memory messages\n";
+        return 1;
+      }
+      for (auto a : {dpkit::algorithm::ring, dpkit::algorithm::tree, dpkit::algorithm::automatic})
+        if (auto e = check_sums(comm, a, 7); !e.empty()) {
+          std::cerr << "worker " << e << "\n";
+          return 1;
+        }
+      return 0;
+    }
+    if (mode.rfind("die-", 0) == 0 || mode.rfind("ringdie-", 0) == 0) {
+      const bool ring = mode[0] == 'r';
+      const int die = std::atoi(mode.c_str() + (ring ? 8 : 4));
       std::vector<float> v(1 << 16, 1.0f);
       const auto start = std::chrono::steady_clock::now();
       try {
@@ -162,7 +181,8 @@ int worker(const std::string& url, int rank, int size, const std::string& mode) 
           if (rank == die && i == 2) _exit(3);
           dpkit::collective_options o;
           o.timeout = 30s;
-          dpkit::allreduce(comm, v, dpkit::reduce_op::sum, dpkit::allreduce_policy{dpkit::algorithm::shm_two_shot}, o);
+          dpkit::allreduce(comm, v, dpkit::reduce_op::sum,
+                           dpkit::allreduce_policy{ring ? dpkit::algorithm::ring : dpkit::algorithm::shm_two_shot}, o);
         }
       } catch (const dpkit::peer_error& e) {
         const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
@@ -248,6 +268,24 @@ TEST_CASE("gloo node: a rank whose process dies in a shm all-reduce: the others 
   CHECK(st[1] == 3);
   CHECK(st[2] == 0);
   CHECK(shm_entries("dpkit-gloo-").empty());
+}
+
+TEST_CASE("gloo node: a rank whose process dies in a ring all-reduce (messages in shared memory): peer_error at once") {
+  temp_dir dir;
+  for (bool reap_in_order : {false, true}) { // reaped at once, or left a zombie
+    CAPTURE(reap_in_order);
+    const auto st = run_workers(dir.url(reap_in_order ? "ringdie-z" : "ringdie"), 3, "ringdie-1", {}, reap_in_order);
+    CHECK(st[0] == 0);
+    CHECK(st[1] == 3);
+    CHECK(st[2] == 0);
+  }
+  CHECK(shm_entries("dpkit-gloo-").empty());
+}
+
+TEST_CASE("gloo node: with DPKIT_SHM_BYTES=0 there is no segment and messages go over TCP, exactly") {
+  temp_dir dir;
+  const auto st = run_workers(dir.url("tcp"), 3, "tcp", {"DPKIT_SHM_BYTES=0"});
+  for (int r = 0; r < 3; ++r) CHECK_MESSAGE(st[static_cast<std::size_t>(r)] == 0, "rank " << r);
 }
 
 TEST_CASE("gloo node: a dead rank its launcher has not reaped yet (a zombie) is dead too") {

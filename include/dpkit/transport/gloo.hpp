@@ -13,7 +13,16 @@
 /// dpkit::allreduce(comm, grads, dpkit::reduce_op::avg);
 /// @endcode
 ///
-/// Point-to-point requests are Gloo unbound buffers sent and received on a
+/// Between ranks of one node (every rank on one node, its segment mapped),
+/// point-to-point messages go through the segment instead
+/// (detail/shm_p2p.hpp: a ring per ordered pair, fragments copied in by the
+/// sender and out by the receiver, early messages buffered, MPI's matching
+/// rules; shm_messages() says so), as Open MPI's vader carries dpkit::mpi's.
+/// A wait on one spins, yields, then sleeps on the rank's doorbell, and about
+/// every millisecond looks for a dead or mismatched peer (shm_poll's checks)
+/// against the deadline.
+///
+/// Otherwise point-to-point requests are Gloo unbound buffers sent and received on a
 /// slot (the dpkit tag): Gloo matches a pair's messages on one slot in posting
 /// order, as MPI matches a tag. Waits never call Gloo's own timed waits (a
 /// Gloo wait that times out closes every pair of its context): a pool of
@@ -37,6 +46,7 @@
 #include "detail/gloo_store.hpp"
 #include "detail/health.hpp"
 #include "detail/scratch_arena.hpp"
+#include "detail/shm_p2p.hpp"
 #include "detail/store_bootstrap.hpp"
 #include "topology.hpp"
 
@@ -145,8 +155,13 @@ public:
   gloo_state(const gloo_state&) = delete;
   gloo_state& operator=(const gloo_state&) = delete;
   /// Aborts what is still pending, joins the waiter threads, then closes
-  /// the connections (the context's pairs) and stops the device.
+  /// the connections (the context's pairs) and stops the device. Peers on
+  /// this node waiting for this rank in shared memory learn it from the
+  /// segment's abort words (as peers over TCP learn it from the closed
+  /// connections); what this rank sent before is still theirs to read.
   ~gloo_state() {
+    if (segment_.view && size_ > 1) segment_.view->abort_all();
+    if (p2p_) p2p_->fail_all("the transport was closed");
     abort_pending();
     {
       std::lock_guard lk(mu_);
@@ -232,8 +247,15 @@ public:
   const gloo_options& options() const noexcept { return options_; }
   /// The node's shared segment (store_bootstrap.hpp), or nullptr.
   shm_segment* shm() const noexcept { return segment_.view.get(); }
-  /// Keeps the node's shared segment (mapped by store_map_segment).
-  void set_segment(store_segment s) noexcept { segment_ = std::move(s); }
+  /// Keeps the node's shared segment (mapped by store_map_segment) and
+  /// starts the point-to-point engine on its area, if it has one.
+  void set_segment(store_segment s) {
+    segment_ = std::move(s);
+    if (segment_.p2p_area) p2p_ = std::make_unique<shm_p2p>(rank_, size_, segment_.p2p_area);
+  }
+  /// The shared-memory point-to-point engine (every rank on this node and
+  /// a segment mapped), or nullptr: messages then go over TCP.
+  shm_p2p* p2p() const noexcept { return p2p_.get(); }
   /// The number of this rank's earlier split() calls (then counts this one).
   std::uint64_t next_split() noexcept { return splits_++; }
 
@@ -318,6 +340,7 @@ public:
   void fail(const std::string& what) {
     health_.fail(what);
     if (segment_.view) segment_.view->abort_all(); // peers waiting on the segment stop too
+    if (p2p_) p2p_->fail_all("the transport failed (first failure: " + health_.failure() + ")");
     abort_pending();
     if (!closed_.exchange(true) && ctx_) ctx_->closeConnections();
   }
@@ -336,7 +359,129 @@ public:
     op.cv.wait(lk, [&] { return op.state != gloo_op::pending; });
   }
 
+  /// The checks of a wait on the node's segment (gloo_transport::shm_poll):
+  /// publishes this rank's current call, then throws peer_error when a rank
+  /// of the node has ended (kill(pid, 0); an unreaped zombie is looked for
+  /// every 50 ms, or at once when a peer aborted the segment) and
+  /// mismatch_error when a peer runs another call at this call's sequence
+  /// number; each failure first fails the transport. Nothing without a
+  /// segment or once failed.
+  void poll_node() {
+    shm_segment* seg = shm();
+    if (!seg || health_.failed()) return;
+    const fingerprint mine = health_.current();
+    seg->publish(mine);
+    const auto now = clock::now().time_since_epoch();
+    const auto last = clock::duration(last_zombie_check_.load(std::memory_order_relaxed));
+    const bool zombies = now - last > std::chrono::milliseconds(50) || seg->aborted();
+    if (zombies) last_zombie_check_.store(now.count(), std::memory_order_relaxed);
+    if (const int p = seg->ended_peer(zombies); p >= 0) {
+      const std::string what = "gloo_transport: rank " + std::to_string(rank_) + ": rank " + std::to_string(p) +
+                               " (process " + std::to_string(seg->control(p).pid.load(std::memory_order_relaxed)) +
+                               " on this node) has ended without leaving the collective";
+      fail(what);
+      throw peer_error(what);
+    }
+    fingerprint theirs;
+    if (const int p = seg->other_call(mine, theirs); p >= 0) {
+      const std::string what = mismatch_text(rank_, mine, p, theirs);
+      fail(what);
+      throw mismatch_error(what);
+    }
+  }
+
+  /// Waits for a shared-memory send or receive (see gloo_request::wait):
+  /// drives the engine, spinning (ranks with cores of their own), then
+  /// yielding, then sleeping on this rank's doorbell; about every
+  /// millisecond it runs poll_node, looks for a message of another
+  /// collective from the peer and runs the peer check.
+  /// @throws timeout_error past `d`; peer_error, mismatch_error as
+  ///         poll_node and when the transport failed; dpkit::error when the
+  ///         op itself failed (a receive whose length differs from its send's,
+  ///         a damaged ring): the transport is then failed.
+  void wait_p2p(shm_p2p_op& op, deadline d) {
+    const int spins = shm_spin_count(size_);
+    const unsigned yields = shm_yield_polls();
+    clock::time_point start{}, next_check{};
+    auto finished = [&] {
+      if (op.state.load(std::memory_order_acquire) == shm_p2p_op::pending) p2p_->progress();
+      switch (op.state.load(std::memory_order_acquire)) {
+      case shm_p2p_op::done: return true;
+      case shm_p2p_op::failed: {
+        if (health_.failed())
+          throw peer_error("gloo_transport: " + op.describe(rank_) + " stopped: the transport failed (first failure: " +
+                           health_.failure() + ")");
+        const std::string what = "gloo_transport: " + op.error;
+        fail(what);
+        throw error(what);
+      }
+      default: return false;
+      }
+    };
+    auto timed = [&] {
+      const auto now = clock::now();
+      if (start == clock::time_point{}) {
+        start = now;
+        next_check = now + std::chrono::milliseconds(1);
+      } else if (now >= next_check) {
+        p2p_checks(op, now - start);
+        next_check = now + std::chrono::milliseconds(1);
+      }
+      if (now >= d && !finished())
+        throw timeout_error("gloo_transport: " + op.describe(rank_) + " did not complete before its deadline");
+    };
+    for (int i = 0; i < spins; ++i) {
+      if (finished()) return;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    for (unsigned polls = 0;; ++polls) {
+      if (finished()) return;
+      if ((polls & 15u) == 0) timed();
+      if (polls >= yields) {
+        p2p_->sleep(1000);
+        timed();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+
+  /// A shared-memory request is destroyed before it completed: it is
+  /// withdrawn and the transport fails (a half-sent message cannot be taken
+  /// back; gloo_request's rule for Gloo's own requests).
+  void abandon_p2p(shm_p2p_op& op) {
+    if (p2p_ && p2p_->withdraw(op)) fail("gloo_transport: " + op.describe(rank_) + " was abandoned before it completed");
+  }
+
 private:
+  // A shared-memory wait's checks (about every millisecond).
+  void p2p_checks(shm_p2p_op& op, clock::duration waited) {
+    if (health_.failed())
+      throw peer_error("gloo_transport: " + op.describe(rank_) + " stopped: the transport failed (first failure: " +
+                       health_.failure() + ")");
+    poll_node();
+    if (const int t = p2p_->foreign_message(op.peer, op.tag)) {
+      const fingerprint mine = health_.current();
+      const std::string what = "collective mismatch: rank " + std::to_string(rank_) + " runs " + mine.str() +
+                               "; rank " + std::to_string(op.peer) +
+                               " sent a message of another collective at the same sequence number (tag " +
+                               std::to_string(t) + ")";
+      fail(what);
+      throw mismatch_error(what);
+    }
+    if (shm_segment* seg = shm(); seg && seg->aborted()) {
+      const std::string what = "gloo_transport: " + op.describe(rank_) +
+                               " stopped: a rank of this node failed or closed its transport (it aborted the shared segment)";
+      fail(what);
+      throw peer_error(what);
+    }
+    if (peer_dead(op.peer, waited))
+      throw peer_error("gloo_transport: " + op.describe(rank_) + " stopped: the transport failed (first failure: " +
+                       health_.failure() + ")");
+  }
+
   void abort_pending() {
     std::vector<std::shared_ptr<gloo_op>> ops;
     {
@@ -409,6 +554,8 @@ private:
   std::chrono::milliseconds check_after_{0}, check_every_{0};
   std::vector<clock::time_point> last_check_;
   store_segment segment_; // unmapped after the connections are closed
+  std::unique_ptr<shm_p2p> p2p_; // on segment_'s area: destroyed before it is unmapped
+  std::atomic<clock::rep> last_zombie_check_{0}; // poll_node's last look for unreaped dead peers
 };
 
 } // namespace detail
@@ -423,11 +570,14 @@ public:
   gloo_request() = default;
   /// Internal: wraps a posted operation of transport state `st`.
   gloo_request(std::shared_ptr<detail::gloo_op> op, detail::gloo_state* st) : op_(std::move(op)), st_(st) {}
-  gloo_request(gloo_request&& o) noexcept : op_(std::move(o.op_)), st_(o.st_) {}
+  /// Internal: wraps a posted shared-memory operation of transport state `st`.
+  gloo_request(std::shared_ptr<detail::shm_p2p_op> op, detail::gloo_state* st) : sop_(std::move(op)), st_(st) {}
+  gloo_request(gloo_request&& o) noexcept : op_(std::move(o.op_)), sop_(std::move(o.sop_)), st_(o.st_) {}
   gloo_request& operator=(gloo_request&& o) noexcept {
     if (this != &o) {
       release();
       op_ = std::move(o.op_);
+      sop_ = std::move(o.sop_);
       st_ = o.st_;
     }
     return *this;
@@ -442,6 +592,10 @@ public:
   ///         transport failed meanwhile (another request's peer, a timeout:
   ///         the message names the first failure).
   void wait(deadline d) {
+    if (sop_) {
+      st_->wait_p2p(*sop_, d);
+      return;
+    }
     if (!op_) return;
     const auto start = clock::now();
     for (;;) {
@@ -473,20 +627,29 @@ public:
   }
   /// True once the operation completed (or failed: wait() then throws).
   bool test() const {
+    if (sop_) {
+      if (sop_->state.load(std::memory_order_acquire) == detail::shm_p2p_op::pending) st_->p2p()->progress();
+      return sop_->state.load(std::memory_order_acquire) != detail::shm_p2p_op::pending;
+    }
     if (!op_) return true;
     std::lock_guard lk(op_->mu);
     return op_->state != detail::gloo_op::pending;
   }
   /// Payload bytes of this request.
-  std::size_t bytes() const noexcept { return op_ ? op_->bytes : 0; }
+  std::size_t bytes() const noexcept { return op_ ? op_->bytes : sop_ ? sop_->bytes : 0; }
 
 private:
   void release() noexcept {
+    if (sop_) {
+      st_->abandon_p2p(*sop_);
+      sop_.reset();
+    }
     if (!op_) return;
     st_->abandon(*op_);
     op_.reset();
   }
   std::shared_ptr<detail::gloo_op> op_;
+  std::shared_ptr<detail::shm_p2p_op> sop_; // a message over the node's shared memory instead
   detail::gloo_state* st_ = nullptr;
 };
 
@@ -505,7 +668,8 @@ private:
 /// world size fail at once, naming both. When every rank is on one node they
 /// map one shared segment (a POSIX shared-memory object the lowest rank
 /// creates and unlinks once every rank has it mapped: a kill -9 leaves
-/// nothing in /dev/shm), and `automatic` runs the shm collectives on it;
+/// nothing in /dev/shm), and `automatic` runs the shm collectives on it
+/// while ring, tree and the barrier send their messages through it;
 /// across nodes the constructor builds node_transport() (each node's ranks,
 /// with their segment) and cross_transport() through the same store, and
 /// the hierarchical collectives run on them, as on dpkit::mpi.
@@ -582,6 +746,10 @@ public:
   ///         dpkit::peer_error if the connection to peer is already broken.
   gloo_request isend(std::span<const std::byte> data, int peer, int tag) {
     check_peer(peer, "isend");
+    if (detail::shm_p2p* ch = st_->p2p()) {
+      post_check(true, peer, tag);
+      return {ch->post_send(data.data(), data.size(), peer, tag), st_.get()};
+    }
     return {st_->post(true, const_cast<std::byte*>(data.data()), data.size(), peer, tag), st_.get()};
   }
   /// Starts receiving exactly data.size() bytes from rank `peer` with `tag`
@@ -592,6 +760,10 @@ public:
   ///         dpkit::peer_error if the connection to peer is already broken.
   gloo_request irecv(std::span<std::byte> data, int peer, int tag) {
     check_peer(peer, "irecv");
+    if (detail::shm_p2p* ch = st_->p2p()) {
+      post_check(false, peer, tag);
+      return {ch->post_recv(data.data(), data.size(), peer, tag), st_.get()};
+    }
     return {st_->post(false, data.data(), data.size(), peer, tag), st_.get()};
   }
 
@@ -686,6 +858,12 @@ public:
   /// have it mapped: nothing is left in /dev/shm after a kill); nullptr
   /// across nodes, for one rank, or with DPKIT_SHM_BYTES=0.
   detail::shm_segment* shm() noexcept { return st_->shm(); }
+  /// True when this rank's point-to-point messages (isend/irecv: ring, tree,
+  /// the barrier) go through the node's shared segment instead of TCP: every
+  /// rank on one node, a segment mapped (not DPKIT_SHM_BYTES=0), more than
+  /// one rank. In a hierarchy, node_transport()'s messages do and the
+  /// top-level and cross transports' go over TCP.
+  bool shm_messages() const noexcept { return st_->p2p() != nullptr; }
   /// Called by waits on the segment about every millisecond
   /// (shared_memory_transport): publishes this rank's current call, then
   /// throws peer_error when a rank of the node has ended (its process no
@@ -695,30 +873,7 @@ public:
   /// communicator_error when this transport failed; each failure first
   /// fails the transport (its peers' waits end too).
   void shm_poll(int /*peer*/, int /*tag*/) {
-    detail::shm_segment* seg = st_->shm();
-    if (seg && !health().failed()) {
-      const detail::fingerprint mine = health().current();
-      seg->publish(mine);
-      // an unreaped dead process (a zombie) is looked for every 50 ms: it
-      // costs a read of /proc, where kill(pid, 0) is one system call
-      const auto now = clock::now();
-      // (at once when a peer aborted: its reason may be a death this rank can name)
-      const bool zombies = now - last_zombie_check_ > std::chrono::milliseconds(50) || seg->aborted();
-      if (zombies) last_zombie_check_ = now;
-      if (const int p = seg->ended_peer(zombies); p >= 0) {
-        const std::string what = where_rank() + ": rank " + std::to_string(p) + " (process " +
-                                 std::to_string(seg->control(p).pid.load(std::memory_order_relaxed)) +
-                                 " on this node) has ended without leaving the collective";
-        st_->fail(what);
-        throw peer_error(what);
-      }
-      detail::fingerprint theirs;
-      if (const int p = seg->other_call(mine, theirs); p >= 0) {
-        const std::string what = detail::mismatch_text(rank(), mine, p, theirs);
-        st_->fail(what);
-        throw mismatch_error(what);
-      }
-    }
+    st_->poll_node();
     health().check("shm", rank());
   }
 
@@ -755,7 +910,7 @@ private:
     else topo_ = node_topology(node_layout::single(1), 0);
     st_->connect();
     if (size() > 1 && topo_.nodes() == 1 && slot > 0)
-      st_->set_segment(detail::store_map_segment(store, prefix + "/shm", rank(), size(), slot, due, where));
+      st_->set_segment(detail::store_map_segment(store, prefix + "/shm", rank(), size(), slot, due, where, true));
     if (!topo_.hierarchical()) return;
     gloo_options o = st_->options();
     o.prefix.clear();
@@ -780,6 +935,13 @@ private:
     return std::make_unique<detail::gloo_state>(rank, size);
   }
   std::string where_rank() const { return "gloo_transport: rank " + std::to_string(rank()); }
+  // A request posted on a failed transport: peer_error (as Gloo's post).
+  void post_check(bool is_send, int peer, int tag) {
+    if (st_->health().failed())
+      throw peer_error(where_rank() + ": " + (is_send ? "send to" : "receive from") + " rank " + std::to_string(peer) +
+                       " (tag " + std::to_string(tag) + "): the transport failed earlier (first failure: " +
+                       st_->health().failure() + ")");
+  }
   void check_peer(int peer, const char* what) const {
     if (peer < 0 || peer >= size() || peer == rank())
       throw invalid_argument(std::string("gloo_transport::") + what + ": rank " + std::to_string(rank()) +
@@ -795,7 +957,6 @@ private:
   std::unique_ptr<progress_thread> progress_;
   node_topology topo_;
   std::unique_ptr<gloo_transport> node_, cross_; // the hierarchy's parts (several nodes)
-  clock::time_point last_zombie_check_{};        // shm_poll's last look for unreaped dead peers
 };
 
 } // namespace dpkit

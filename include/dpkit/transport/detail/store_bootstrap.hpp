@@ -31,6 +31,7 @@
 #include "../topology.hpp"
 #include "gloo_store.hpp"
 #include "shm_mapping.hpp"
+#include "shm_p2p.hpp"
 #include "shm_segment.hpp"
 
 #include <dirent.h>
@@ -69,7 +70,8 @@ inline std::string node_identity() {
 ///         did not write it).
 inline std::string store_get_until(kv_store& store, const std::string& key, deadline due, const std::string& where,
                                    const std::string& what) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(due - clock::now());
+  // rounded up: a wait of whole milliseconds never ends before `due`
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(due - clock::now());
   try {
     store.wait({key}, std::max(left, std::chrono::milliseconds(0)));
   } catch (const timeout_error&) {
@@ -190,19 +192,26 @@ inline void shm_remove_stale(const std::string& tag) noexcept {
 struct store_segment {
   shm_mapping map;
   std::unique_ptr<shm_segment> view;
+  /// The point-to-point area after the ranks' regions (shm_p2p.hpp), or
+  /// nullptr when none was asked for.
+  std::byte* p2p_area = nullptr;
 };
 
 /// Maps the shared segment of `size` ranks on one node (see the file
 /// comment): `slot_bytes` per buffer, two buffers and a control line per
-/// rank, each rank's region on pages of its own. Collective over the ranks;
-/// keys under `prefix`.
+/// rank, each rank's region on pages of its own; with `with_p2p`, followed
+/// by the point-to-point area of shm_p2p.hpp (store_segment::p2p_area).
+/// Collective over the ranks (every rank passes the same sizes); keys under
+/// `prefix`.
 /// @throws dpkit::error naming the rank that could not create or map it and
 ///         why; dpkit::timeout_error naming the rank that did not arrive
 ///         by `due` (the creator unlinks the object in every case).
 inline store_segment store_map_segment(kv_store& store, const std::string& prefix, int rank, int size,
-                                       std::size_t slot_bytes, deadline due, const std::string& where) {
+                                       std::size_t slot_bytes, deadline due, const std::string& where,
+                                       bool with_p2p = false) {
   const std::size_t stride = (shm_region_bytes(slot_bytes) + 4095) / 4096 * 4096;
-  const std::size_t total = stride * static_cast<std::size_t>(size);
+  const std::size_t regions = stride * static_cast<std::size_t>(size);
+  const std::size_t total = regions + (with_p2p ? shm_p2p_area_bytes(size) : 0);
   store_segment s;
   auto setup_own = [&] {
     std::vector<std::byte*> bases(static_cast<std::size_t>(size));
@@ -210,6 +219,7 @@ inline store_segment store_map_segment(kv_store& store, const std::string& prefi
     auto* c = new (bases[static_cast<std::size_t>(rank)]) shm_control{}; // before any peer reads it
     c->pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
     s.view = std::make_unique<shm_segment>(rank, std::move(bases), slot_bytes);
+    if (with_p2p && size > 1) s.p2p_area = s.map.data() + regions;
   };
   const std::string name_key = prefix + "/name", done_key = prefix + "/done";
   if (rank == 0) {
@@ -219,6 +229,7 @@ inline store_segment store_map_segment(kv_store& store, const std::string& prefi
       name = shm_mapping::unique_name("gloo");
       s.map = shm_mapping::create(name, total);
       setup_own();
+      if (s.p2p_area) shm_p2p::init_area(s.p2p_area, size); // before any peer maps it
     } catch (const std::exception& e) {
       why = e.what();
     }

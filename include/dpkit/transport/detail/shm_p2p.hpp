@@ -1,0 +1,488 @@
+// dpkit internals: point-to-point messages between the processes of one node
+// through shared memory, for transports whose ranks meet through a store
+// (gloo_transport): the role Open MPI's vader BTL plays for dpkit::mpi. Not
+// for users.
+//
+// Memory. An area after the ranks' regions of the node's segment
+// (store_bootstrap.hpp maps both at once): one doorbell line per rank, then
+// one ring per ordered pair of ranks (sender s, receiver r; the pair's two
+// directions are two rings), each a control part (head, written by the
+// sender only; tail, written by the receiver only; on lines of their own)
+// and `ring_bytes` of data (a power of two, shm_p2p_ring_bytes).
+//
+// Messages. A message is cut into fragments; each fragment is a 16-byte
+// header (tag, fragment bytes, message bytes) and its payload, padded to 16
+// bytes, written at the ring's head; the sender then advances head (release)
+// and the receiver, after copying the fragment out, advances tail (release).
+// The sends to one peer leave in posting order, one message after the other,
+// so a pair's messages with one tag arrive in posting order (MPI's
+// non-overtaking rule, the transport concept's). A message whose receive is
+// not posted yet is copied to a buffer of its own (MPI's unexpected queue)
+// so the ring never stops behind it; a receive posted later takes it from
+// there. Nothing moves by itself: progress() (called by every wait and test
+// of any request) drains the incoming rings and fills the outgoing ones.
+//
+// Sleeping. A wait that lasts sleeps on its rank's doorbell (a futex); a
+// sender that filled a ring, or a receiver that freed one, rings the peer's
+// doorbell when it has sleepers.
+#pragma once
+
+#include "../../core/errors.hpp"
+#include "shm_segment.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+namespace dpkit::detail {
+
+/// The control part of one directed ring (sender s to receiver r): head (the
+/// bytes the sender has written, ever) and tail (the bytes the receiver has
+/// consumed, ever), on cache lines of their own.
+struct alignas(64) shm_p2p_ring_ctl {
+  std::atomic<std::uint64_t> head{0};
+  char pad0[56];
+  std::atomic<std::uint64_t> tail{0};
+  char pad1[56];
+};
+static_assert(sizeof(shm_p2p_ring_ctl) == 128);
+
+/// A rank's doorbell: `ring` changes whenever a peer wrote to this rank or
+/// freed space this rank waits for, while `sleepers` is non-zero (the futex
+/// word is `ring`).
+struct alignas(64) shm_p2p_bell {
+  std::atomic<std::uint32_t> ring{0};
+  std::atomic<std::uint32_t> sleepers{0};
+  char pad[56];
+};
+static_assert(sizeof(shm_p2p_bell) == 64);
+
+/// The header of one fragment in a ring.
+struct shm_p2p_header {
+  std::int32_t tag;
+  std::uint32_t frag;   // payload bytes of this fragment
+  std::uint64_t msg;    // bytes of the whole message
+};
+static_assert(sizeof(shm_p2p_header) == 16);
+
+/// Data bytes of each ring for `size` ranks on a node: 256 KiB, halved while
+/// the rings of every ordered pair would take more than 64 MiB (a container's
+/// /dev/shm is often 64 MiB in all), never below 16 KiB. 0 for one rank.
+inline std::size_t shm_p2p_ring_bytes(int size) noexcept {
+  if (size < 2) return 0;
+  const std::size_t pairs = static_cast<std::size_t>(size) * static_cast<std::size_t>(size - 1);
+  std::size_t r = std::size_t{256} << 10;
+  while (r > (std::size_t{16} << 10) && r * pairs > (std::size_t{64} << 20)) r /= 2;
+  return r;
+}
+
+/// Bytes of the point-to-point area for `size` ranks (a multiple of 4096; 0
+/// for one rank): the doorbells, then each ordered pair's ring.
+inline std::size_t shm_p2p_area_bytes(int size) noexcept {
+  if (size < 2) return 0;
+  const std::size_t pairs = static_cast<std::size_t>(size) * static_cast<std::size_t>(size - 1);
+  const std::size_t bytes = static_cast<std::size_t>(size) * sizeof(shm_p2p_bell) +
+                            pairs * (sizeof(shm_p2p_ring_ctl) + shm_p2p_ring_bytes(size));
+  return (bytes + 4095) / 4096 * 4096;
+}
+
+/// One pending send or receive over shared memory and its outcome.
+struct shm_p2p_op {
+  enum state_t { pending, done, failed };
+  bool is_send = false;
+  int peer = -1;
+  int tag = 0;
+  std::byte* data = nullptr;
+  std::size_t bytes = 0;
+  std::size_t moved = 0;  // bytes copied into the ring (send) or out of it (receive)
+  bool started = false;   // send: its first fragment is in the ring
+  std::atomic<int> state{pending};
+  std::string error;      // failed: why (set before state)
+  /// "send to rank P (tag T, N bytes)" from rank `rank`'s side.
+  std::string describe(int rank) const {
+    return "rank " + std::to_string(rank) + ": " + (is_send ? "send to" : "receive from") + " rank " +
+           std::to_string(peer) + " (tag " + std::to_string(tag) + ", " + std::to_string(bytes) +
+           " bytes, shared memory)";
+  }
+};
+
+/// The point-to-point engine of one rank over the area (see the file
+/// comment). Thread-safe: one mutex guards its queues (a rank's user thread
+/// and its communication thread may both wait).
+class shm_p2p {
+public:
+  /// Rank `rank` of `size` on the area at `area` (shm_p2p_area_bytes(size)
+  /// bytes, 64-byte aligned, zero-filled by its creator).
+  shm_p2p(int rank, int size, std::byte* area)
+      : rank_(rank), size_(size), cap_(shm_p2p_ring_bytes(size)), area_(area),
+        in_(static_cast<std::size_t>(size)), out_(static_cast<std::size_t>(size)),
+        head_(static_cast<std::size_t>(size), 0), tail_(static_cast<std::size_t>(size), 0),
+        seen_tail_(static_cast<std::size_t>(size), 0) {}
+
+  /// Constructs the doorbells and ring controls of an area for `size` ranks
+  /// (by its creator, before any other rank maps it).
+  static void init_area(std::byte* area, int size) noexcept {
+    if (size < 2) return;
+    const std::size_t cap = shm_p2p_ring_bytes(size);
+    for (int p = 0; p < size; ++p) new (area + static_cast<std::size_t>(p) * sizeof(shm_p2p_bell)) shm_p2p_bell{};
+    std::byte* rings = area + static_cast<std::size_t>(size) * sizeof(shm_p2p_bell);
+    const std::size_t pairs = static_cast<std::size_t>(size) * static_cast<std::size_t>(size - 1);
+    for (std::size_t k = 0; k < pairs; ++k) new (rings + k * (sizeof(shm_p2p_ring_ctl) + cap)) shm_p2p_ring_ctl{};
+  }
+  shm_p2p(const shm_p2p&) = delete;
+  shm_p2p& operator=(const shm_p2p&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+
+  /// Queues a send of `bytes` at `data` to `peer` with `tag` and copies as
+  /// much of it into the ring as fits now (a small message leaves at once).
+  std::shared_ptr<shm_p2p_op> post_send(const std::byte* data, std::size_t bytes, int peer, int tag) {
+    auto op = make(true, const_cast<std::byte*>(data), bytes, peer, tag);
+    std::lock_guard lk(mu_);
+    out_[static_cast<std::size_t>(peer)].push_back(op);
+    pump_out(peer);
+    return op;
+  }
+  /// Posts a receive of exactly `bytes` into `data` from `peer` with `tag`:
+  /// takes an unexpected message of that tag that arrived earlier (the
+  /// oldest), else waits for the next one.
+  std::shared_ptr<shm_p2p_op> post_recv(std::byte* data, std::size_t bytes, int peer, int tag) {
+    auto op = make(false, data, bytes, peer, tag);
+    std::lock_guard lk(mu_);
+    incoming& s = in_[static_cast<std::size_t>(peer)];
+    for (auto it = s.early.begin(); it != s.early.end(); ++it) {
+      early_msg& u = **it;
+      if (u.tag != tag) continue;
+      const bool receiving = s.active && s.target_ux == &u;
+      if (u.bytes != bytes) {
+        fail_op(*op, length_text(*op, u.bytes));
+        if (receiving) {
+          s.target_ux = nullptr;
+          s.discard = true;
+        }
+      } else {
+        if (u.got) std::memcpy(op->data, u.data.get(), u.got);
+        op->moved = u.got;
+        if (receiving) {
+          s.target_ux = nullptr;
+          s.target_op = op;
+        } else {
+          op->state.store(shm_p2p_op::done, std::memory_order_release);
+        }
+      }
+      s.early.erase(it);
+      return op;
+    }
+    s.posted.push_back(op);
+    pump_in(peer);
+    return op;
+  }
+
+  /// Moves what can move: drains every incoming ring (into posted receives
+  /// or unexpected buffers) and fills every outgoing ring from the queued
+  /// sends. Returns true when anything moved.
+  bool progress() {
+    std::lock_guard lk(mu_);
+    bool moved = false;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      moved |= pump_in(p);
+      moved |= pump_out(p);
+    }
+    return moved;
+  }
+
+  /// Sleeps on this rank's doorbell for at most `us` microseconds unless a
+  /// ring has something for this rank now (callers re-check afterwards).
+  void sleep(long us) {
+    shm_p2p_bell& b = bell(rank_);
+    b.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const std::uint32_t v = b.ring.load(std::memory_order_seq_cst);
+    if (!ready()) shm_futex_wait(reinterpret_cast<std::uint32_t*>(&b.ring), v, us);
+    b.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+
+  /// The tag of a message from `peer` that arrived unreceived and belongs to
+  /// another collective at the sequence number of `tag` (foreign_tag), or 0.
+  int foreign_message(int peer, int tag) {
+    std::lock_guard lk(mu_);
+    for (const auto& u : in_[static_cast<std::size_t>(peer)].early)
+      if (foreign_tag(tag, u->tag)) return u->tag;
+    return 0;
+  }
+
+  /// Withdraws `op` if it is still pending (its buffer is never touched
+  /// afterwards). Returns true when it was pending (the caller fails the
+  /// transport: a half-sent message cannot be taken back).
+  bool withdraw(shm_p2p_op& op) {
+    std::lock_guard lk(mu_);
+    if (op.state.load(std::memory_order_acquire) != shm_p2p_op::pending) return false;
+    const auto p = static_cast<std::size_t>(op.peer);
+    auto drop = [&](std::deque<std::shared_ptr<shm_p2p_op>>& q) {
+      q.erase(std::remove_if(q.begin(), q.end(), [&](const auto& o) { return o.get() == &op; }), q.end());
+    };
+    if (op.is_send) drop(out_[p]);
+    else {
+      drop(in_[p].posted);
+      if (in_[p].active && in_[p].target_op.get() == &op) {
+        in_[p].target_op.reset();
+        in_[p].discard = true;
+      }
+    }
+    fail_op(op, op.describe(rank_) + " was abandoned before it completed");
+    return true;
+  }
+
+  /// Fails every pending operation with `why` (the transport failed): their
+  /// waits end, and no buffer of theirs is touched afterwards.
+  void fail_all(const std::string& why) {
+    std::lock_guard lk(mu_);
+    for (int p = 0; p < size_; ++p) {
+      auto& s = in_[static_cast<std::size_t>(p)];
+      for (auto& o : s.posted) fail_op(*o, why);
+      s.posted.clear();
+      if (s.target_op) fail_op(*s.target_op, why);
+      s.target_op.reset();
+      if (s.active) s.discard = s.target_ux == nullptr;
+      for (auto& o : out_[static_cast<std::size_t>(p)]) fail_op(*o, why);
+      out_[static_cast<std::size_t>(p)].clear();
+    }
+  }
+
+private:
+  struct early_msg {
+    int tag = 0;
+    std::size_t bytes = 0, got = 0;
+    std::unique_ptr<std::byte[]> data;
+  };
+  struct incoming {
+    std::deque<std::shared_ptr<shm_p2p_op>> posted;      // unmatched receives, in posting order
+    std::deque<std::unique_ptr<early_msg>> early;     // messages that arrived first, in order
+    bool active = false;                                 // a message is being received
+    int tag = 0;
+    std::size_t msg = 0, got = 0;
+    std::shared_ptr<shm_p2p_op> target_op; // ... into this receive,
+    early_msg* target_ux = nullptr;       // ... or this buffer,
+    bool discard = false;                  // ... or nowhere (its receive failed or was withdrawn)
+  };
+
+  static std::shared_ptr<shm_p2p_op> make(bool is_send, std::byte* data, std::size_t bytes, int peer, int tag) {
+    auto op = std::make_shared<shm_p2p_op>();
+    op->is_send = is_send;
+    op->data = data;
+    op->bytes = bytes;
+    op->peer = peer;
+    op->tag = tag;
+    return op;
+  }
+  static void fail_op(shm_p2p_op& op, const std::string& why) {
+    if (op.state.load(std::memory_order_relaxed) != shm_p2p_op::pending) return;
+    op.error = why;
+    op.state.store(shm_p2p_op::failed, std::memory_order_release);
+  }
+  std::string length_text(const shm_p2p_op& op, std::size_t sent) const {
+    return op.describe(rank_) + " matched a message of " + std::to_string(sent) +
+           " bytes: a receive must be exactly as long as its send";
+  }
+  static std::size_t pad16(std::size_t n) noexcept { return (n + 15) / 16 * 16; }
+
+  shm_p2p_bell& bell(int p) const noexcept { return reinterpret_cast<shm_p2p_bell*>(area_)[p]; }
+  // The ring from rank s to rank r.
+  std::size_t ring_index(int s, int r) const noexcept {
+    return static_cast<std::size_t>(s) * static_cast<std::size_t>(size_ - 1) +
+           static_cast<std::size_t>(r < s ? r : r - 1);
+  }
+  shm_p2p_ring_ctl& ctl(int s, int r) const noexcept {
+    std::byte* base = area_ + static_cast<std::size_t>(size_) * sizeof(shm_p2p_bell) +
+                      ring_index(s, r) * (sizeof(shm_p2p_ring_ctl) + cap_);
+    return *reinterpret_cast<shm_p2p_ring_ctl*>(base);
+  }
+  std::byte* ring_data(int s, int r) const noexcept {
+    return reinterpret_cast<std::byte*>(&ctl(s, r)) + sizeof(shm_p2p_ring_ctl);
+  }
+  void ring_bell(int p) noexcept {
+    shm_p2p_bell& b = bell(p);
+    std::atomic_thread_fence(std::memory_order_seq_cst); // the head/tail store before the look at sleepers
+    if (b.sleepers.load(std::memory_order_seq_cst) != 0) {
+      b.ring.fetch_add(1, std::memory_order_seq_cst);
+      shm_futex_wake(reinterpret_cast<std::uint32_t*>(&b.ring));
+    }
+  }
+  // Whether a ring has something for this rank: an incoming fragment, or
+  // space freed in a ring a queued send waits on.
+  bool ready() {
+    std::lock_guard lk(mu_);
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      const auto i = static_cast<std::size_t>(p);
+      if (ctl(p, rank_).head.load(std::memory_order_acquire) != tail_[i]) return true;
+      if (!out_[i].empty() && ctl(rank_, p).tail.load(std::memory_order_acquire) != seen_tail_[i]) return true;
+    }
+    return false;
+  }
+
+  // Copies `n` bytes between the ring (at stream offset `pos`) and `buf`.
+  void ring_read(const std::byte* ring, std::uint64_t pos, std::byte* buf, std::size_t n) const noexcept {
+    const std::size_t at = static_cast<std::size_t>(pos & (cap_ - 1));
+    const std::size_t first = std::min(n, cap_ - at);
+    if (buf) {
+      std::memcpy(buf, ring + at, first);
+      if (n > first) std::memcpy(buf + first, ring, n - first);
+    }
+  }
+  void ring_write(std::byte* ring, std::uint64_t pos, const std::byte* buf, std::size_t n) const noexcept {
+    const std::size_t at = static_cast<std::size_t>(pos & (cap_ - 1));
+    const std::size_t first = std::min(n, cap_ - at);
+    std::memcpy(ring + at, buf, first);
+    if (n > first) std::memcpy(ring, buf + first, n - first);
+  }
+
+  // Fills the ring to `p` from the queued sends (caller holds mu_).
+  bool pump_out(int p) {
+    const auto i = static_cast<std::size_t>(p);
+    auto& q = out_[i];
+    if (q.empty()) return false;
+    shm_p2p_ring_ctl& c = ctl(rank_, p);
+    std::byte* ring = ring_data(rank_, p);
+    std::uint64_t head = head_[i];
+    std::uint64_t tail = c.tail.load(std::memory_order_acquire);
+    seen_tail_[i] = tail;
+    const std::size_t max_frag = cap_ / 4;
+    bool moved = false;
+    while (!q.empty()) {
+      shm_p2p_op& o = *q.front();
+      const std::size_t remaining = o.bytes - o.moved;
+      std::size_t space = cap_ - static_cast<std::size_t>(head - tail);
+      // a fragment of at least 4 KiB (or the rest), else wait for space
+      if (space < 16 + std::min<std::size_t>(remaining, 4096)) {
+        tail = c.tail.load(std::memory_order_acquire);
+        seen_tail_[i] = tail;
+        space = cap_ - static_cast<std::size_t>(head - tail);
+        if (space < 16 + std::min<std::size_t>(remaining, 4096)) break;
+      }
+      const std::size_t frag = std::min({remaining, space - 16, max_frag});
+      const shm_p2p_header h{o.tag, static_cast<std::uint32_t>(frag), static_cast<std::uint64_t>(o.bytes)};
+      ring_write(ring, head, reinterpret_cast<const std::byte*>(&h), sizeof h);
+      if (frag) ring_write(ring, head + 16, o.data + o.moved, frag);
+      head += 16 + pad16(frag);
+      c.head.store(head, std::memory_order_release);
+      o.moved += frag;
+      o.started = true;
+      moved = true;
+      if (o.moved == o.bytes) {
+        o.state.store(shm_p2p_op::done, std::memory_order_release);
+        q.pop_front();
+      }
+    }
+    head_[i] = head;
+    if (moved) ring_bell(p);
+    return moved;
+  }
+
+  // Drains the ring from `p` (caller holds mu_).
+  bool pump_in(int p) {
+    const auto i = static_cast<std::size_t>(p);
+    shm_p2p_ring_ctl& c = ctl(p, rank_);
+    const std::byte* ring = ring_data(p, rank_);
+    std::uint64_t tail = tail_[i];
+    std::uint64_t head = c.head.load(std::memory_order_acquire);
+    incoming& s = in_[i];
+    bool moved = false;
+    while (head - tail >= 16) {
+      shm_p2p_header h;
+      ring_read(ring, tail, reinterpret_cast<std::byte*>(&h), sizeof h);
+      if (h.frag > cap_ - 16 || (s.active && (h.tag != s.tag || h.msg != s.msg || s.got + h.frag > s.msg)) ||
+          (!s.active && h.frag > h.msg)) {
+        // a damaged ring (memory written by something else): stop reading it
+        corrupt_ = "the shared-memory ring from rank " + std::to_string(p) + " to rank " + std::to_string(rank_) +
+                   " holds a damaged fragment header (tag " + std::to_string(h.tag) + ", " + std::to_string(h.frag) +
+                   " of " + std::to_string(h.msg) + " bytes)";
+        fail_unlocked_all(corrupt_);
+        return moved;
+      }
+      if (head - tail < 16 + pad16(h.frag)) break; // cannot happen: head moves by whole fragments
+      if (!s.active) begin_message(s, h);
+      std::byte* dst = nullptr;
+      if (s.target_op) dst = s.target_op->data + s.got;
+      else if (s.target_ux) dst = s.target_ux->data.get() + s.got;
+      if (h.frag) ring_read(ring, tail + 16, dst, h.frag);
+      s.got += h.frag;
+      if (s.target_op) s.target_op->moved = s.got;
+      if (s.target_ux) s.target_ux->got = s.got;
+      tail += 16 + pad16(h.frag);
+      c.tail.store(tail, std::memory_order_release);
+      moved = true;
+      if (s.got == s.msg) {
+        if (s.target_op) s.target_op->state.store(shm_p2p_op::done, std::memory_order_release);
+        s.target_op.reset();
+        s.target_ux = nullptr;
+        s.discard = false;
+        s.active = false;
+      }
+      if (head - tail < 16) head = c.head.load(std::memory_order_acquire);
+    }
+    tail_[i] = tail;
+    if (moved) ring_bell(p); // the sender may wait for space
+    return moved;
+  }
+  void begin_message(incoming& s, const shm_p2p_header& h) {
+    s.active = true;
+    s.tag = h.tag;
+    s.msg = h.msg;
+    s.got = 0;
+    s.target_op.reset();
+    s.target_ux = nullptr;
+    s.discard = false;
+    for (auto it = s.posted.begin(); it != s.posted.end(); ++it) {
+      if ((*it)->tag != h.tag) continue;
+      std::shared_ptr<shm_p2p_op> op = *it;
+      s.posted.erase(it);
+      if (op->bytes != h.msg) {
+        fail_op(*op, length_text(*op, h.msg));
+        s.discard = true;
+      } else {
+        s.target_op = std::move(op);
+      }
+      return;
+    }
+    auto u = std::make_unique<early_msg>();
+    u->tag = h.tag;
+    u->bytes = h.msg;
+    u->data.reset(new std::byte[std::max<std::size_t>(h.msg, 1)]);
+    s.target_ux = u.get();
+    s.early.push_back(std::move(u));
+  }
+  void fail_unlocked_all(const std::string& why) {
+    for (auto& s : in_) {
+      for (auto& o : s.posted) fail_op(*o, why);
+      s.posted.clear();
+      if (s.target_op) fail_op(*s.target_op, why);
+      s.target_op.reset();
+    }
+    for (auto& q : out_) {
+      for (auto& o : q) fail_op(*o, why);
+      q.clear();
+    }
+  }
+
+  int rank_, size_;
+  std::size_t cap_;
+  std::byte* area_;
+  std::mutex mu_; // everything below
+  std::vector<incoming> in_;
+  std::vector<std::deque<std::shared_ptr<shm_p2p_op>>> out_;
+  std::vector<std::uint64_t> head_, tail_; // this rank's copies: head of each outgoing ring, tail of each incoming
+  std::vector<std::uint64_t> seen_tail_;   // the tail of each outgoing ring at the last look
+  std::string corrupt_;                    // why the rings were given up ("" while sound)
+};
+
+} // namespace dpkit::detail

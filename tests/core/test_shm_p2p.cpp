@@ -1,0 +1,296 @@
+// The shared-memory point-to-point engine (transport/detail/shm_p2p.hpp)
+// that gloo_transport uses between the processes of one node: engines of
+// several ranks on one area in this process, driven by threads or step by
+// step from one thread, checked against the bytes each sender sent.
+#include <doctest/doctest.h>
+
+#include "dpkit/transport/detail/health.hpp"
+#include "dpkit/transport/detail/shm_p2p.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using dpkit::detail::shm_p2p;
+using dpkit::detail::shm_p2p_op;
+
+// An area for n ranks, as store_map_segment's creator leaves it.
+struct area {
+  explicit area(int n) : bytes(dpkit::detail::shm_p2p_area_bytes(n)) {
+    mem = static_cast<std::byte*>(::operator new(bytes, std::align_val_t{64}));
+    std::fill(mem, mem + bytes, std::byte{0});
+    shm_p2p::init_area(mem, n);
+  }
+  ~area() { ::operator delete(mem, std::align_val_t{64}); }
+  area(const area&) = delete;
+  area& operator=(const area&) = delete;
+  std::size_t bytes;
+  std::byte* mem;
+};
+
+// The bytes rank `from` sends to rank `to` as its k-th message of `n` bytes.
+std::vector<std::byte> pattern(int from, int to, int k, std::size_t n) {
+  std::vector<std::byte> v(n);
+  std::uint32_t x = 2166136261u ^ static_cast<std::uint32_t>(from * 131 + to * 7 + k * 1009);
+  for (auto& b : v) {
+    x = x * 16777619u + 12345u;
+    b = static_cast<std::byte>(x >> 24);
+  }
+  return v;
+}
+
+bool pending(const shm_p2p_op& op) { return op.state.load() == shm_p2p_op::pending; }
+
+// Drives engines until `op` is no longer pending (at most 10 s).
+void drive(std::vector<shm_p2p*> engines, const shm_p2p_op& op) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (pending(op) && std::chrono::steady_clock::now() < until)
+    for (auto* e : engines) e->progress();
+  REQUIRE(!pending(op));
+}
+
+} // namespace
+
+TEST_CASE("shm p2p: ring sizes, and the area fits every pair") {
+  CHECK(dpkit::detail::shm_p2p_ring_bytes(1) == 0);
+  CHECK(dpkit::detail::shm_p2p_area_bytes(1) == 0);
+  CHECK(dpkit::detail::shm_p2p_ring_bytes(2) == 256u << 10);
+  CHECK(dpkit::detail::shm_p2p_ring_bytes(16) * 16 * 15 <= 64u << 20);
+  CHECK(dpkit::detail::shm_p2p_ring_bytes(64) == 16u << 10); // the floor
+  for (int n : {2, 3, 5, 16}) {
+    const std::size_t cap = dpkit::detail::shm_p2p_ring_bytes(n);
+    CHECK((cap & (cap - 1)) == 0);
+    CHECK(dpkit::detail::shm_p2p_area_bytes(n) % 4096 == 0);
+    CHECK(dpkit::detail::shm_p2p_area_bytes(n) >=
+          static_cast<std::size_t>(n) * 64 + static_cast<std::size_t>(n * (n - 1)) * (128 + cap));
+  }
+}
+
+TEST_CASE("shm p2p: every pair of 3 ranks (threads), sizes from 0 bytes to 4 ring lengths, one tag reused, "
+          "receives posted before and after their sends") {
+  const int n = 3;
+  area a(n);
+  const std::vector<std::size_t> sizes = {0, 1, 15, 16, 17, 4095, 4096, 65537, (256u << 10) - 16, (1u << 20) + 3};
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        shm_p2p e(r, n, a.mem);
+        std::vector<std::vector<std::byte>> out, in;
+        std::vector<std::shared_ptr<shm_p2p_op>> ops;
+        // rank r posts half its receives first, then its sends, then the rest:
+        // messages of one tag (7) between a pair must match in posting order
+        auto post_recvs = [&](bool first_half) {
+          for (int p = 0; p < n; ++p) {
+            if (p == r) continue;
+            for (std::size_t k = 0; k < sizes.size(); ++k) {
+              if ((k < sizes.size() / 2) != first_half) continue;
+              in.emplace_back(sizes[k]);
+              ops.push_back(e.post_recv(in.back().data(), sizes[k], p, k % 2 ? 7 : 100 + static_cast<int>(k)));
+            }
+          }
+        };
+        in.reserve(64);
+        out.reserve(64);
+        if (r != 1) post_recvs(true);
+        for (int p = 0; p < n; ++p) {
+          if (p == r) continue;
+          for (std::size_t k = 0; k < sizes.size(); ++k) {
+            out.push_back(pattern(r, p, static_cast<int>(k), sizes[k]));
+            ops.push_back(e.post_send(out.back().data(), sizes[k], p, k % 2 ? 7 : 100 + static_cast<int>(k)));
+          }
+        }
+        if (r == 1) post_recvs(true);
+        post_recvs(false);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        for (auto& op : ops) {
+          while (pending(*op) && std::chrono::steady_clock::now() < until) {
+            e.progress();
+            std::this_thread::yield();
+          }
+          if (op->state.load() != shm_p2p_op::done) throw std::runtime_error("op not done: " + op->describe(r) + " " + op->error);
+        }
+        // the receives, in the order posted: first half then second half per peer
+        std::size_t i = 0;
+        for (bool first : {true, false})
+          for (int p = 0; p < n; ++p) {
+            if (p == r) continue;
+            for (std::size_t k = 0; k < sizes.size(); ++k) {
+              if ((k < sizes.size() / 2) != first) continue;
+              if (in[i] != pattern(p, r, static_cast<int>(k), sizes[k]))
+                throw std::runtime_error("wrong bytes from rank " + std::to_string(p) + ", message " + std::to_string(k));
+              ++i;
+            }
+          }
+        // drain what peers may still need from this rank's rings: wait until
+        // every rank is done, driving progress meanwhile
+      } catch (const std::exception& ex) {
+        errors[static_cast<std::size_t>(r)] = ex.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(errors[static_cast<std::size_t>(r)] == "");
+  }
+}
+
+TEST_CASE("shm p2p: a message that arrives before its receive, partly, is completed into the receive") {
+  area a(2);
+  shm_p2p s(0, 2, a.mem), r(1, 2, a.mem);
+  const std::size_t n = (3u << 20) + 5; // 12 ring lengths
+  const auto data = pattern(0, 1, 0, n);
+  auto send = s.post_send(data.data(), n, 1, 42);
+  CHECK(pending(*send)); // more than a ring: the rest waits for space
+  r.progress();          // the receiver takes what is there into an early buffer
+  s.progress();
+  r.progress();
+  std::vector<std::byte> got(n);
+  auto recv = r.post_recv(got.data(), n, 0, 42);
+  drive({&s, &r}, *recv);
+  drive({&s, &r}, *send);
+  CHECK(recv->state.load() == shm_p2p_op::done);
+  CHECK(send->state.load() == shm_p2p_op::done);
+  CHECK(got == data);
+  // a complete early message of 0 bytes, and a complete small one
+  const auto small = pattern(0, 1, 1, 100);
+  auto s0 = s.post_send(nullptr, 0, 1, 5);
+  auto s1 = s.post_send(small.data(), small.size(), 1, 5);
+  CHECK(!pending(*s0));
+  CHECK(!pending(*s1));
+  r.progress();
+  std::vector<std::byte> g0, g1(100);
+  auto r0 = r.post_recv(g0.data(), 0, 0, 5);
+  auto r1 = r.post_recv(g1.data(), 100, 0, 5);
+  CHECK(r0->state.load() == shm_p2p_op::done);
+  CHECK(r1->state.load() == shm_p2p_op::done);
+  CHECK(g1 == small);
+}
+
+TEST_CASE("shm p2p: a receive whose length differs from its send fails naming both lengths; later messages still match") {
+  area a(2);
+  shm_p2p s(0, 2, a.mem), r(1, 2, a.mem);
+  const auto d = pattern(0, 1, 0, 64);
+  const auto d2 = pattern(0, 1, 1, 32);
+  std::vector<std::byte> g(48), g2(32);
+  SUBCASE("receive posted first") {
+    auto recv = r.post_recv(g.data(), 48, 0, 1);
+    s.post_send(d.data(), 64, 1, 1);
+    drive({&s, &r}, *recv);
+    CHECK(recv->state.load() == shm_p2p_op::failed);
+    CHECK(recv->error.find("receive from rank 0 (tag 1, 48 bytes") != std::string::npos);
+    CHECK(recv->error.find("matched a message of 64 bytes") != std::string::npos);
+  }
+  SUBCASE("message first") {
+    s.post_send(d.data(), 64, 1, 1);
+    r.progress();
+    auto recv = r.post_recv(g.data(), 48, 0, 1);
+    CHECK(recv->state.load() == shm_p2p_op::failed);
+    CHECK(recv->error.find("matched a message of 64 bytes") != std::string::npos);
+  }
+  auto s2 = s.post_send(d2.data(), 32, 1, 1);
+  auto r2 = r.post_recv(g2.data(), 32, 0, 1);
+  drive({&s, &r}, *r2);
+  CHECK(r2->state.load() == shm_p2p_op::done);
+  CHECK(g2 == d2);
+}
+
+TEST_CASE("shm p2p: a withdrawn receive's buffer is never written; withdraw says whether the op was pending") {
+  area a(2);
+  shm_p2p s(0, 2, a.mem), r(1, 2, a.mem);
+  std::vector<std::byte> g(1u << 20, std::byte{0x5a});
+  auto recv = r.post_recv(g.data(), g.size(), 0, 9);
+  const auto d = pattern(0, 1, 0, g.size());
+  auto send = s.post_send(d.data(), d.size(), 1, 9);
+  r.progress(); // part of it lands in g
+  CHECK(r.withdraw(*recv));
+  CHECK(recv->state.load() == shm_p2p_op::failed);
+  const auto snapshot = g;
+  drive({&s, &r}, *send); // the rest is drained and dropped
+  CHECK(g == snapshot);
+  CHECK(!r.withdraw(*recv));
+  CHECK(!s.withdraw(*send));
+}
+
+TEST_CASE("shm p2p: an unreceived message of another collective at the same sequence number is found") {
+  area a(2);
+  shm_p2p s(0, 2, a.mem), r(1, 2, a.mem);
+  const int mine = dpkit::detail::checked_tag_base(5, 0x1234);
+  const int theirs = dpkit::detail::checked_tag_base(5, 0x4321);
+  const int later = dpkit::detail::checked_tag_base(6, 0x4321);
+  std::byte b[8]{};
+  s.post_send(b, 8, 1, later);
+  r.progress();
+  CHECK(r.foreign_message(0, mine) == 0); // another sequence number: not (yet) a mismatch
+  s.post_send(b, 8, 1, theirs);
+  r.progress();
+  CHECK(r.foreign_message(0, mine) == theirs);
+  CHECK(r.foreign_message(0, 12345) == 0); // an unchecked tag checks nothing
+}
+
+TEST_CASE("shm p2p: a damaged ring fails the pending operations instead of reading out of bounds") {
+  area a(2);
+  shm_p2p s(0, 2, a.mem), r(1, 2, a.mem);
+  std::vector<std::byte> g(64);
+  auto recv = r.post_recv(g.data(), 64, 0, 3);
+  // write a fragment header claiming more than a ring holds at the head of the ring 0 -> 1
+  auto* ctl = reinterpret_cast<dpkit::detail::shm_p2p_ring_ctl*>(a.mem + 2 * sizeof(dpkit::detail::shm_p2p_bell));
+  auto* data = reinterpret_cast<std::byte*>(ctl) + sizeof(dpkit::detail::shm_p2p_ring_ctl);
+  const dpkit::detail::shm_p2p_header h{3, 0xFFFFFFF0u, 64};
+  std::memcpy(data, &h, sizeof h);
+  ctl->head.store(16);
+  r.progress();
+  CHECK(recv->state.load() == shm_p2p_op::failed);
+  CHECK(recv->error.find("damaged fragment header") != std::string::npos);
+}
+
+TEST_CASE("shm p2p: fail_all ends every pending send and receive with the reason") {
+  area a(2);
+  shm_p2p s(0, 2, a.mem);
+  std::vector<std::byte> big(1u << 20), g(8);
+  auto send = s.post_send(big.data(), big.size(), 1, 1); // more than a ring: stays pending
+  auto recv = s.post_recv(g.data(), 8, 1, 2);
+  CHECK(pending(*send));
+  CHECK(pending(*recv));
+  s.fail_all("the transport failed (test)");
+  CHECK(send->state.load() == shm_p2p_op::failed);
+  CHECK(recv->state.load() == shm_p2p_op::failed);
+  CHECK(recv->error == "the transport failed (test)");
+}
+
+TEST_CASE("shm p2p: a sleeping receiver is woken by the send") {
+  area a(2);
+  shm_p2p s(0, 2, a.mem), r(1, 2, a.mem);
+  std::vector<std::byte> g(16);
+  auto recv = r.post_recv(g.data(), 16, 0, 1);
+  std::atomic<bool> woke{false};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread t([&] {
+    while (pending(*recv)) {
+      r.sleep(2'000'000); // 2 s: only the doorbell ends it early
+      r.progress();
+    }
+    woke = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto d = pattern(0, 1, 0, 16);
+  s.post_send(d.data(), 16, 1, 1);
+  t.join();
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(woke.load());
+  CHECK(ms < 1500);
+  CHECK(g == d);
+}
