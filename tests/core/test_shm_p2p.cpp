@@ -80,6 +80,12 @@ TEST_CASE("shm p2p: ring sizes, and the area fits every pair") {
 TEST_CASE("shm p2p: every pair of 3 ranks (threads), sizes from 0 bytes to 4 ring lengths, one tag reused, "
           "receives posted before and after their sends") {
   const int n = 3;
+  // through the rings only, and with every message of 4 KiB or more read
+  // from the sender's memory (a request to send, acknowledged)
+  std::size_t cma = SIZE_MAX;
+  SUBCASE("rings only") {}
+  SUBCASE("single copy from 4 KiB") { cma = 4096; }
+  CAPTURE(cma);
   area a(n);
   const std::vector<std::size_t> sizes = {0, 1, 15, 16, 17, 4095, 4096, 65537, (256u << 10) - 16, (1u << 20) + 3};
   std::vector<std::string> errors(n);
@@ -87,7 +93,7 @@ TEST_CASE("shm p2p: every pair of 3 ranks (threads), sizes from 0 bytes to 4 rin
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        shm_p2p e(r, n, a.mem);
+        shm_p2p e(r, n, a.mem, cma);
         std::vector<std::vector<std::byte>> out, in;
         std::vector<std::shared_ptr<shm_p2p_op>> ops;
         // rank r posts half its receives first, then its sends, then the rest:
@@ -150,7 +156,7 @@ TEST_CASE("shm p2p: every pair of 3 ranks (threads), sizes from 0 bytes to 4 rin
 
 TEST_CASE("shm p2p: a message that arrives before its receive, partly, is completed into the receive") {
   area a(2);
-  shm_p2p s(0, 2, a.mem), r(1, 2, a.mem);
+  shm_p2p s(0, 2, a.mem, SIZE_MAX), r(1, 2, a.mem, SIZE_MAX);
   const std::size_t n = (3u << 20) + 5; // 12 ring lengths
   const auto data = pattern(0, 1, 0, n);
   auto send = s.post_send(data.data(), n, 1, 42);
@@ -210,7 +216,7 @@ TEST_CASE("shm p2p: a receive whose length differs from its send fails naming bo
 
 TEST_CASE("shm p2p: a withdrawn receive's buffer is never written; withdraw says whether the op was pending") {
   area a(2);
-  shm_p2p s(0, 2, a.mem), r(1, 2, a.mem);
+  shm_p2p s(0, 2, a.mem, SIZE_MAX), r(1, 2, a.mem, SIZE_MAX);
   std::vector<std::byte> g(1u << 20, std::byte{0x5a});
   auto recv = r.post_recv(g.data(), g.size(), 0, 9);
   const auto d = pattern(0, 1, 0, g.size());
@@ -259,7 +265,7 @@ TEST_CASE("shm p2p: a damaged ring fails the pending operations instead of readi
 
 TEST_CASE("shm p2p: fail_all ends every pending send and receive with the reason") {
   area a(2);
-  shm_p2p s(0, 2, a.mem);
+  shm_p2p s(0, 2, a.mem, SIZE_MAX);
   std::vector<std::byte> big(1u << 20), g(8);
   auto send = s.post_send(big.data(), big.size(), 1, 1); // more than a ring: stays pending
   auto recv = s.post_recv(g.data(), 8, 1, 2);
@@ -293,4 +299,52 @@ TEST_CASE("shm p2p: a sleeping receiver is woken by the send") {
   CHECK(woke.load());
   CHECK(ms < 1500);
   CHECK(g == d);
+}
+
+TEST_CASE("shm p2p: single copy: an early request to send is read when its receive is posted; a wrong length "
+          "completes the send and fails the receive") {
+  area a(2);
+  shm_p2p s(0, 2, a.mem, 1024), r(1, 2, a.mem, 1024);
+  const auto d = pattern(0, 1, 0, 100000);
+  auto send = s.post_send(d.data(), d.size(), 1, 4);
+  r.progress(); // the request to send arrives first
+  CHECK(pending(*send)); // until the receiver has read it
+  std::vector<std::byte> g(d.size());
+  auto recv = r.post_recv(g.data(), g.size(), 0, 4);
+  CHECK(recv->state.load() == shm_p2p_op::done);
+  CHECK(g == d);
+  drive({&s, &r}, *send);
+  CHECK(send->state.load() == shm_p2p_op::done);
+  // a receive of another length
+  auto send2 = s.post_send(d.data(), d.size(), 1, 4);
+  r.progress();
+  std::vector<std::byte> g2(d.size() - 8);
+  auto recv2 = r.post_recv(g2.data(), g2.size(), 0, 4);
+  CHECK(recv2->state.load() == shm_p2p_op::failed);
+  CHECK(recv2->error.find("matched a message of 100000 bytes") != std::string::npos);
+  drive({&s, &r}, *send2);
+  CHECK(send2->state.load() == shm_p2p_op::done);
+}
+
+TEST_CASE("shm p2p: single copy: a read that fails fails the receive and the send, naming process_vm_readv") {
+  area a(2);
+  shm_p2p s(0, 2, a.mem, 1024), r(1, 2, a.mem, 1024);
+  // the sender has checked the single copy (its first large send), then its
+  // doorbell line names a process that does not exist
+  const auto d = pattern(0, 1, 0, 4096);
+  std::vector<std::byte> g(d.size());
+  auto recv0 = r.post_recv(g.data(), g.size(), 0, 1);
+  auto send0 = s.post_send(d.data(), d.size(), 1, 1);
+  drive({&s, &r}, *recv0);
+  drive({&s, &r}, *send0);
+  REQUIRE(recv0->state.load() == shm_p2p_op::done);
+  reinterpret_cast<dpkit::detail::shm_p2p_bell*>(a.mem)[0].pid.store(0x7ffffff0);
+  auto recv = r.post_recv(g.data(), g.size(), 0, 2);
+  auto send = s.post_send(d.data(), d.size(), 1, 2);
+  drive({&s, &r}, *recv);
+  drive({&s, &r}, *send);
+  CHECK(recv->state.load() == shm_p2p_op::failed);
+  CHECK(recv->error.find("process_vm_readv") != std::string::npos);
+  CHECK(send->state.load() == shm_p2p_op::failed);
+  CHECK(send->error.find("could not read the message") != std::string::npos);
 }

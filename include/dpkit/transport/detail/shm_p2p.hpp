@@ -22,6 +22,17 @@
 // there. Nothing moves by itself: progress() (called by every wait and test
 // of any request) drains the incoming rings and fills the outgoing ones.
 //
+// Large messages (at least shm_p2p_cma_bytes(), 1 MiB by default) are
+// copied once instead of twice: the sender writes a request-to-send fragment
+// (the buffer's address in its process) and keeps the send pending; the
+// receiver, once the message is matched, copies the bytes straight out of the
+// sender's memory with process_vm_readv (Linux cross-memory attach, as
+// Open MPI's vader does) and answers with an acknowledgement fragment on the
+// reverse ring, which completes the send. A sender uses this only after it
+// has read its peer's doorbell line the same way (the peers may read each
+// other's memory: same user, no ptrace restriction); DPKIT_SHM_CMA=0 turns
+// it off.
+//
 // Sleeping. A wait that lasts sleeps on its rank's doorbell (a futex); a
 // sender that filled a ring, or a receiver that freed one, rings the peer's
 // doorbell when it has sleepers.
@@ -42,6 +53,13 @@
 #include <string>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/uio.h> // process_vm_readv
+#include <unistd.h>
+#endif
+#include <cerrno>
+#include <cstdlib>
+
 namespace dpkit::detail {
 
 /// The control part of one directed ring (sender s to receiver r): head (the
@@ -61,17 +79,71 @@ static_assert(sizeof(shm_p2p_ring_ctl) == 128);
 struct alignas(64) shm_p2p_bell {
   std::atomic<std::uint32_t> ring{0};
   std::atomic<std::uint32_t> sleepers{0};
-  char pad[56];
+  /// The owner's process id and the address of this line in the owner's
+  /// address space (set when its engine starts), so a peer can check that
+  /// it may read the owner's memory (process_vm_readv).
+  std::atomic<std::int32_t> pid{0};
+  std::atomic<std::uint64_t> self{0};
+  char pad[40];
 };
 static_assert(sizeof(shm_p2p_bell) == 64);
 
-/// The header of one fragment in a ring.
+/// The header of one fragment in a ring. `frag` holds the fragment's kind
+/// in its top 4 bits (shm_p2p_kind) and its payload bytes below.
 struct shm_p2p_header {
   std::int32_t tag;
-  std::uint32_t frag;   // payload bytes of this fragment
+  std::uint32_t frag;   // kind << 28 | payload bytes of this fragment
   std::uint64_t msg;    // bytes of the whole message
 };
 static_assert(sizeof(shm_p2p_header) == 16);
+
+/// Kinds of fragment: message bytes; a request to send (payload: the
+/// send's id and the buffer's address in the sender; the receiver reads the
+/// message from there); an acknowledgement of one (payload: the id and 0,
+/// or the errno of the receiver's failed read).
+enum shm_p2p_kind : std::uint32_t { shm_p2p_data = 0, shm_p2p_rts = 1, shm_p2p_ack = 2 };
+inline constexpr std::uint32_t shm_p2p_len_mask = (1u << 28) - 1;
+
+/// Messages of at least this many bytes are read by the receiver straight
+/// from the sender's memory (one copy): DPKIT_SHM_CMA_BYTES if set, else
+/// 1 MiB; DPKIT_SHM_CMA=0 turns the single copy off (SIZE_MAX). Read once
+/// per process.
+inline std::size_t shm_p2p_cma_bytes() noexcept {
+  static const std::size_t v = [] {
+    if (const char* off = std::getenv("DPKIT_SHM_CMA"); off && std::string(off) == "0") return SIZE_MAX;
+    if (const char* b = std::getenv("DPKIT_SHM_CMA_BYTES"); b && *b) {
+      char* end = nullptr;
+      const unsigned long long n = std::strtoull(b, &end, 10);
+      if (end && *end == '\0' && b[0] != '-') return static_cast<std::size_t>(n);
+    }
+    return std::size_t{1} << 20;
+  }();
+  return v;
+}
+
+/// Reads `bytes` at address `remote` of process `pid` into `local` (all
+/// of it, in as many calls as it takes). Returns 0, or the errno of the
+/// failure (ENOSYS where there is no process_vm_readv).
+inline int shm_cma_read(int pid, std::uint64_t remote, std::byte* local, std::size_t bytes) noexcept {
+#if defined(__linux__)
+  std::size_t done = 0;
+  while (done < bytes) {
+    iovec l{local + done, bytes - done};
+    iovec r{reinterpret_cast<void*>(static_cast<std::uintptr_t>(remote + done)), bytes - done};
+    const ssize_t n = ::process_vm_readv(pid, &l, 1, &r, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return EFAULT;
+    done += static_cast<std::size_t>(n);
+  }
+  return 0;
+#else
+  (void)pid, (void)remote, (void)local, (void)bytes;
+  return ENOSYS;
+#endif
+}
 
 /// Data bytes of each ring for `size` ranks on a node: 256 KiB, halved while
 /// the rings of every ordered pair would take more than 64 MiB (a container's
@@ -103,7 +175,8 @@ struct shm_p2p_op {
   std::byte* data = nullptr;
   std::size_t bytes = 0;
   std::size_t moved = 0;  // bytes copied into the ring (send) or out of it (receive)
-  bool started = false;   // send: its first fragment is in the ring
+  bool started = false;   // send: its first fragment (or its request to send) is in the ring
+  std::uint64_t id = 0;   // send by request to send: its id on this pair
   std::atomic<int> state{pending};
   std::string error;      // failed: why (set before state)
   /// "send to rank P (tag T, N bytes)" from rank `rank`'s side.
@@ -120,12 +193,22 @@ struct shm_p2p_op {
 class shm_p2p {
 public:
   /// Rank `rank` of `size` on the area at `area` (shm_p2p_area_bytes(size)
-  /// bytes, 64-byte aligned, zero-filled by its creator).
-  shm_p2p(int rank, int size, std::byte* area)
+  /// bytes, 64-byte aligned, zero-filled by its creator); messages of at
+  /// least `cma_bytes` bytes are read by the receiver from this process's
+  /// memory (SIZE_MAX: never).
+  shm_p2p(int rank, int size, std::byte* area, std::size_t cma_bytes = shm_p2p_cma_bytes())
       : rank_(rank), size_(size), cap_(shm_p2p_ring_bytes(size)), area_(area),
         in_(static_cast<std::size_t>(size)), out_(static_cast<std::size_t>(size)),
         head_(static_cast<std::size_t>(size), 0), tail_(static_cast<std::size_t>(size), 0),
-        seen_tail_(static_cast<std::size_t>(size), 0) {}
+        seen_tail_(static_cast<std::size_t>(size), 0), cma_(static_cast<std::size_t>(size), 0),
+        awaiting_(static_cast<std::size_t>(size)), acks_(static_cast<std::size_t>(size)),
+        next_id_(static_cast<std::size_t>(size), 0), cma_bytes_(cma_bytes) {
+    shm_p2p_bell& b = bell(rank_);
+#if defined(__linux__)
+    b.pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
+#endif
+    b.self.store(reinterpret_cast<std::uintptr_t>(&b), std::memory_order_release);
+  }
 
   /// Constructs the doorbells and ring controls of an area for `size` ranks
   /// (by its creator, before any other rank maps it).
@@ -165,10 +248,16 @@ public:
       const bool receiving = s.active && s.target_ux == &u;
       if (u.bytes != bytes) {
         fail_op(*op, length_text(*op, u.bytes));
+        if (u.rts) { // unread: the send completes
+          acks_[static_cast<std::size_t>(peer)].emplace_back(u.id, 0);
+          pump_out(peer);
+        }
         if (receiving) {
           s.target_ux = nullptr;
           s.discard = true;
         }
+      } else if (u.rts) {
+        read_rts(*op, peer, u.id, u.addr);
       } else {
         if (u.got) std::memcpy(op->data, u.data.get(), u.got);
         op->moved = u.got;
@@ -230,8 +319,10 @@ public:
     auto drop = [&](std::deque<std::shared_ptr<shm_p2p_op>>& q) {
       q.erase(std::remove_if(q.begin(), q.end(), [&](const auto& o) { return o.get() == &op; }), q.end());
     };
-    if (op.is_send) drop(out_[p]);
-    else {
+    if (op.is_send) {
+      drop(out_[p]);
+      drop(awaiting_[p]); // the receiver may still read the buffer: the caller fails the transport
+    } else {
       drop(in_[p].posted);
       if (in_[p].active && in_[p].target_op.get() == &op) {
         in_[p].target_op.reset();
@@ -255,6 +346,8 @@ public:
       if (s.active) s.discard = s.target_ux == nullptr;
       for (auto& o : out_[static_cast<std::size_t>(p)]) fail_op(*o, why);
       out_[static_cast<std::size_t>(p)].clear();
+      for (auto& o : awaiting_[static_cast<std::size_t>(p)]) fail_op(*o, why);
+      awaiting_[static_cast<std::size_t>(p)].clear();
     }
   }
 
@@ -263,6 +356,8 @@ private:
     int tag = 0;
     std::size_t bytes = 0, got = 0;
     std::unique_ptr<std::byte[]> data;
+    bool rts = false;             // a request to send: the bytes stay in the sender
+    std::uint64_t id = 0, addr = 0;
   };
   struct incoming {
     std::deque<std::shared_ptr<shm_p2p_op>> posted;      // unmatched receives, in posting order
@@ -325,7 +420,9 @@ private:
       if (p == rank_) continue;
       const auto i = static_cast<std::size_t>(p);
       if (ctl(p, rank_).head.load(std::memory_order_acquire) != tail_[i]) return true;
-      if (!out_[i].empty() && ctl(rank_, p).tail.load(std::memory_order_acquire) != seen_tail_[i]) return true;
+      if ((!out_[i].empty() || !acks_[i].empty()) &&
+          ctl(rank_, p).tail.load(std::memory_order_acquire) != seen_tail_[i])
+        return true;
     }
     return false;
   }
@@ -346,34 +443,81 @@ private:
     if (n > first) std::memcpy(ring, buf + first, n - first);
   }
 
-  // Fills the ring to `p` from the queued sends (caller holds mu_).
+  // Writes one fragment at `head` of the ring to `p` (the caller checked the space).
+  void put(std::byte* ring, std::uint64_t& head, int tag, std::uint32_t kind, const std::byte* payload,
+           std::size_t len, std::uint64_t msg) noexcept {
+    const shm_p2p_header h{tag, (kind << 28) | static_cast<std::uint32_t>(len), msg};
+    ring_write(ring, head, reinterpret_cast<const std::byte*>(&h), sizeof h);
+    if (len) ring_write(ring, head + 16, payload, len);
+    head += 16 + pad16(len);
+  }
+
+  // Whether peer `p` may read this rank's memory (process_vm_readv): tried
+  // once on its doorbell line (this rank reads `p`'s; the permission is the
+  // same both ways for processes of one user). Unknown (false) until `p`'s
+  // engine has started.
+  bool single_copy_to(int p) {
+    const auto i = static_cast<std::size_t>(p);
+    if (cma_[i] == 0) {
+      const shm_p2p_bell& b = bell(p);
+      const std::uint64_t self = b.self.load(std::memory_order_acquire);
+      const int pid = b.pid.load(std::memory_order_relaxed);
+      if (self == 0 || pid == 0) return false;
+      std::uint64_t seen = 0;
+      const int err = shm_cma_read(pid, self + offsetof(shm_p2p_bell, self), reinterpret_cast<std::byte*>(&seen),
+                                   sizeof seen);
+      cma_[i] = err == 0 && seen == self ? 1 : -1;
+    }
+    return cma_[i] > 0;
+  }
+
+  // Fills the ring to `p`: first the acknowledgements this rank owes `p`,
+  // then the queued sends, in order (caller holds mu_).
   bool pump_out(int p) {
     const auto i = static_cast<std::size_t>(p);
     auto& q = out_[i];
-    if (q.empty()) return false;
+    auto& acks = acks_[i];
+    if (q.empty() && acks.empty()) return false;
     shm_p2p_ring_ctl& c = ctl(rank_, p);
     std::byte* ring = ring_data(rank_, p);
     std::uint64_t head = head_[i];
     std::uint64_t tail = c.tail.load(std::memory_order_acquire);
     seen_tail_[i] = tail;
+    auto space = [&] { return cap_ - static_cast<std::size_t>(head - tail); };
+    auto room = [&](std::size_t need) {
+      if (space() >= need) return true;
+      tail = c.tail.load(std::memory_order_acquire);
+      seen_tail_[i] = tail;
+      return space() >= need;
+    };
     const std::size_t max_frag = cap_ / 4;
     bool moved = false;
-    while (!q.empty()) {
+    while (!acks.empty() && room(32)) {
+      const std::uint64_t payload[2] = {acks.front().first, acks.front().second};
+      put(ring, head, 0, shm_p2p_ack, reinterpret_cast<const std::byte*>(payload), sizeof payload, 0);
+      c.head.store(head, std::memory_order_release);
+      acks.pop_front();
+      moved = true;
+    }
+    while (acks.empty() && !q.empty()) {
       shm_p2p_op& o = *q.front();
-      const std::size_t remaining = o.bytes - o.moved;
-      std::size_t space = cap_ - static_cast<std::size_t>(head - tail);
-      // a fragment of at least 4 KiB (or the rest), else wait for space
-      if (space < 16 + std::min<std::size_t>(remaining, 4096)) {
-        tail = c.tail.load(std::memory_order_acquire);
-        seen_tail_[i] = tail;
-        space = cap_ - static_cast<std::size_t>(head - tail);
-        if (space < 16 + std::min<std::size_t>(remaining, 4096)) break;
+      if (!o.started && o.bytes >= cma_bytes_ && single_copy_to(p)) {
+        if (!room(32)) break;
+        o.id = next_id_[i]++;
+        const std::uint64_t payload[2] = {o.id, static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(o.data))};
+        put(ring, head, o.tag, shm_p2p_rts, reinterpret_cast<const std::byte*>(payload), sizeof payload, o.bytes);
+        c.head.store(head, std::memory_order_release);
+        o.started = true;
+        moved = true;
+        awaiting_[i].push_back(q.front()); // done when the receiver acknowledges
+        q.pop_front();
+        continue;
       }
-      const std::size_t frag = std::min({remaining, space - 16, max_frag});
-      const shm_p2p_header h{o.tag, static_cast<std::uint32_t>(frag), static_cast<std::uint64_t>(o.bytes)};
-      ring_write(ring, head, reinterpret_cast<const std::byte*>(&h), sizeof h);
-      if (frag) ring_write(ring, head + 16, o.data + o.moved, frag);
-      head += 16 + pad16(frag);
+      const std::size_t remaining = o.bytes - o.moved;
+      // a fragment of at least 4 KiB (or the rest), else wait for space
+      if (!room(16 + std::min<std::size_t>(remaining, 4096))) break;
+      const std::size_t frag = std::min({remaining, space() - 16, max_frag});
+      put(ring, head, o.tag, shm_p2p_data, o.data + o.moved, frag, o.bytes);
       c.head.store(head, std::memory_order_release);
       o.moved += frag;
       o.started = true;
@@ -388,6 +532,23 @@ private:
     return moved;
   }
 
+  // Reads a message whose request to send (id, addr) matched `op`, straight
+  // from rank `p`'s memory, and queues the acknowledgement (caller holds mu_).
+  void read_rts(shm_p2p_op& op, int p, std::uint64_t id, std::uint64_t addr) {
+    const int pid = bell(p).pid.load(std::memory_order_relaxed);
+    const int err = shm_cma_read(pid, addr, op.data, op.bytes);
+    if (err == 0) {
+      op.moved = op.bytes;
+      op.state.store(shm_p2p_op::done, std::memory_order_release);
+    } else {
+      fail_op(op, op.describe(rank_) + ": reading the message from process " + std::to_string(pid) +
+                      " (process_vm_readv) failed: " + std::strerror(err) +
+                      " (DPKIT_SHM_CMA=0 sends every message through the rings)");
+    }
+    acks_[static_cast<std::size_t>(p)].emplace_back(id, static_cast<std::uint64_t>(err));
+    pump_out(p);
+  }
+
   // Drains the ring from `p` (caller holds mu_).
   bool pump_in(int p) {
     const auto i = static_cast<std::size_t>(p);
@@ -400,42 +561,76 @@ private:
     while (head - tail >= 16) {
       shm_p2p_header h;
       ring_read(ring, tail, reinterpret_cast<std::byte*>(&h), sizeof h);
-      if (h.frag > cap_ - 16 || (s.active && (h.tag != s.tag || h.msg != s.msg || s.got + h.frag > s.msg)) ||
-          (!s.active && h.frag > h.msg)) {
+      const std::uint32_t kind = h.frag >> 28;
+      const std::size_t len = h.frag & shm_p2p_len_mask;
+      const bool data = kind == shm_p2p_data;
+      if (len > cap_ - 16 || kind > shm_p2p_ack || (!data && len != 16) || (kind == shm_p2p_rts && s.active) ||
+          (data && s.active && (h.tag != s.tag || h.msg != s.msg || s.got + len > s.msg)) ||
+          (data && !s.active && len > h.msg) || head - tail < 16 + pad16(len)) {
         // a damaged ring (memory written by something else): stop reading it
         corrupt_ = "the shared-memory ring from rank " + std::to_string(p) + " to rank " + std::to_string(rank_) +
-                   " holds a damaged fragment header (tag " + std::to_string(h.tag) + ", " + std::to_string(h.frag) +
-                   " of " + std::to_string(h.msg) + " bytes)";
+                   " holds a damaged fragment header (kind " + std::to_string(kind) + ", tag " +
+                   std::to_string(h.tag) + ", " + std::to_string(len) + " of " + std::to_string(h.msg) + " bytes)";
         fail_unlocked_all(corrupt_);
         return moved;
       }
-      if (head - tail < 16 + pad16(h.frag)) break; // cannot happen: head moves by whole fragments
-      if (!s.active) begin_message(s, h);
-      std::byte* dst = nullptr;
-      if (s.target_op) dst = s.target_op->data + s.got;
-      else if (s.target_ux) dst = s.target_ux->data.get() + s.got;
-      if (h.frag) ring_read(ring, tail + 16, dst, h.frag);
-      s.got += h.frag;
-      if (s.target_op) s.target_op->moved = s.got;
-      if (s.target_ux) s.target_ux->got = s.got;
-      tail += 16 + pad16(h.frag);
+      if (kind == shm_p2p_ack) {
+        std::uint64_t a[2];
+        ring_read(ring, tail + 16, reinterpret_cast<std::byte*>(a), sizeof a);
+        auto& w = awaiting_[i];
+        for (auto it = w.begin(); it != w.end(); ++it) {
+          if ((*it)->id != a[0]) continue;
+          shm_p2p_op& o = **it;
+          if (a[1] == 0) {
+            o.moved = o.bytes;
+            o.state.store(shm_p2p_op::done, std::memory_order_release);
+          } else {
+            fail_op(o, o.describe(rank_) + ": rank " + std::to_string(p) +
+                           " could not read the message from this process (process_vm_readv: " +
+                           std::strerror(static_cast<int>(a[1])) +
+                           "; DPKIT_SHM_CMA=0 sends every message through the rings)");
+          }
+          w.erase(it);
+          break;
+        }
+      } else if (kind == shm_p2p_rts) {
+        std::uint64_t a[2];
+        ring_read(ring, tail + 16, reinterpret_cast<std::byte*>(a), sizeof a);
+        begin_message(s, h, a[0], a[1]);
+      } else {
+        if (!s.active) begin_message(s, h, 0, 0);
+        std::byte* dst = nullptr;
+        if (s.target_op) dst = s.target_op->data + s.got;
+        else if (s.target_ux) dst = s.target_ux->data.get() + s.got;
+        if (len) ring_read(ring, tail + 16, dst, len);
+        s.got += len;
+        if (s.target_op) s.target_op->moved = s.got;
+        if (s.target_ux) s.target_ux->got = s.got;
+        if (s.got == s.msg) end_message(s);
+      }
+      tail += 16 + pad16(len);
       c.tail.store(tail, std::memory_order_release);
       moved = true;
-      if (s.got == s.msg) {
-        if (s.target_op) s.target_op->state.store(shm_p2p_op::done, std::memory_order_release);
-        s.target_op.reset();
-        s.target_ux = nullptr;
-        s.discard = false;
-        s.active = false;
-      }
       if (head - tail < 16) head = c.head.load(std::memory_order_acquire);
     }
     tail_[i] = tail;
     if (moved) ring_bell(p); // the sender may wait for space
     return moved;
   }
-  void begin_message(incoming& s, const shm_p2p_header& h) {
-    s.active = true;
+  void end_message(incoming& s) {
+    if (s.target_op) s.target_op->state.store(shm_p2p_op::done, std::memory_order_release);
+    s.target_op.reset();
+    s.target_ux = nullptr;
+    s.discard = false;
+    s.active = false;
+  }
+  // A message begins: match it with the oldest posted receive of its tag,
+  // else keep it as an early message. A request to send (rts: id, addr) is
+  // read at once when matched, else kept (its bytes stay in the sender).
+  void begin_message(incoming& s, const shm_p2p_header& h, std::uint64_t id, std::uint64_t addr) {
+    const bool rts = (h.frag >> 28) == shm_p2p_rts;
+    const int p = static_cast<int>(&s - in_.data());
+    s.active = !rts;
     s.tag = h.tag;
     s.msg = h.msg;
     s.got = 0;
@@ -448,7 +643,10 @@ private:
       s.posted.erase(it);
       if (op->bytes != h.msg) {
         fail_op(*op, length_text(*op, h.msg));
-        s.discard = true;
+        if (rts) acks_[static_cast<std::size_t>(p)].emplace_back(id, 0); // unread: the send completes
+        else s.discard = true;
+      } else if (rts) {
+        read_rts(*op, p, id, addr);
       } else {
         s.target_op = std::move(op);
       }
@@ -457,8 +655,13 @@ private:
     auto u = std::make_unique<early_msg>();
     u->tag = h.tag;
     u->bytes = h.msg;
-    u->data.reset(new std::byte[std::max<std::size_t>(h.msg, 1)]);
-    s.target_ux = u.get();
+    u->rts = rts;
+    u->id = id;
+    u->addr = addr;
+    if (!rts) {
+      u->data.reset(new std::byte[std::max<std::size_t>(h.msg, 1)]);
+      s.target_ux = u.get();
+    }
     s.early.push_back(std::move(u));
   }
   void fail_unlocked_all(const std::string& why) {
@@ -469,6 +672,10 @@ private:
       s.target_op.reset();
     }
     for (auto& q : out_) {
+      for (auto& o : q) fail_op(*o, why);
+      q.clear();
+    }
+    for (auto& q : awaiting_) {
       for (auto& o : q) fail_op(*o, why);
       q.clear();
     }
@@ -483,6 +690,11 @@ private:
   std::vector<std::uint64_t> head_, tail_; // this rank's copies: head of each outgoing ring, tail of each incoming
   std::vector<std::uint64_t> seen_tail_;   // the tail of each outgoing ring at the last look
   std::string corrupt_;                    // why the rings were given up ("" while sound)
+  std::vector<int> cma_;                   // per peer: 0 not known yet, 1 it may read us, -1 it may not
+  std::vector<std::deque<std::shared_ptr<shm_p2p_op>>> awaiting_; // sent requests to send, not acknowledged yet
+  std::vector<std::deque<std::pair<std::uint64_t, std::uint64_t>>> acks_; // acknowledgements to write (id, errno)
+  std::vector<std::uint64_t> next_id_;     // per peer: the id of the next request to send
+  std::size_t cma_bytes_;                  // shm_p2p_cma_bytes()
 };
 
 } // namespace dpkit::detail
