@@ -208,6 +208,18 @@ public:
     b.pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
 #endif
     b.self.store(reinterpret_cast<std::uintptr_t>(&b), std::memory_order_release);
+    // Fault in every page of this rank's rings now: the first message through
+    // a page otherwise pays a page fault (a few microseconds each, tens per
+    // ring), which made the first calls at each message size several times
+    // slower. Outgoing rings are written (only this rank writes them, and
+    // nothing is in them yet); incoming ones are read.
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      std::byte* out = ring_data(rank_, p);
+      for (std::size_t off = 0; off < cap_; off += 4096) out[off] = std::byte{0};
+      const volatile std::byte* in = ring_data(p, rank_);
+      for (std::size_t off = 0; off < cap_; off += 4096) (void)in[off];
+    }
   }
 
   /// Constructs the doorbells and ring controls of an area for `size` ranks
