@@ -1070,6 +1070,7 @@ private:
     auto* mine = new (bases[static_cast<std::size_t>(rank_)]) detail::shm_control{}; // before any peer reads it
     mine->pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
     shm_ = std::make_unique<detail::shm_segment>(rank_, std::move(bases), slot_bytes);
+    shm_->prefault(); // no collective runs on it before the barrier below
     shm_map_ = std::move(map);
     sh_->shm = shm_.get();
     std::atomic_thread_fence(std::memory_order_seq_cst);

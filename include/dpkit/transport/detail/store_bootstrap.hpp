@@ -219,6 +219,7 @@ inline store_segment store_map_segment(kv_store& store, const std::string& prefi
     auto* c = new (bases[static_cast<std::size_t>(rank)]) shm_control{}; // before any peer reads it
     c->pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
     s.view = std::make_unique<shm_segment>(rank, std::move(bases), slot_bytes);
+    s.view->prefault(); // no collective runs on it before every rank has acknowledged
     if (with_p2p && size > 1) s.p2p_area = s.map.data() + regions;
   };
   const std::string name_key = prefix + "/name", done_key = prefix + "/done";
