@@ -7,13 +7,18 @@ slowest rank, algbw = bytes / time, busbw = algbw * 2 (n - 1) / n).
     mpirun -np 2 build-python/venv/bin/python benchmarks/python/dist_allreduce_perf.py -b 8 -e 256M -f 4
 
 Both groups live in one process: the default group is "dpkit", the others
-are dist.new_group(backend=...). For each size the backends alternate, so the
-machine's noise hits both. Out of place is not measured (dist.all_reduce is
+are dist.new_group(backend=...). For each size the backends alternate batch
+by batch (-n iterations each, --batches of them), so the machine's noise hits
+both; a backend's time is the median over its batches of the slowest rank's
+mean time per call (one batch: nccl-tests' plain mean). A call of a few
+microseconds is mostly Python and torch, and a batch now and then loses the
+core to something else; the median keeps such a batch from deciding a row. Out of place is not measured (dist.all_reduce is
 in place). The float32 SUM of every size is checked against the exact sum
 (#wrong, as nccl-tests' -c 1).
 """
 import argparse
 import datetime
+import statistics
 import sys
 import time
 
@@ -33,12 +38,18 @@ def main() -> None:
     ap.add_argument("-b", "--minbytes", default="8")
     ap.add_argument("-e", "--maxbytes", default="256M")
     ap.add_argument("-f", "--stepfactor", type=int, default=4)
-    ap.add_argument("-n", "--iters", type=int, default=0, help="iterations per size (0: about 0.2 s worth, 5..2000)")
+    ap.add_argument("-n", "--iters", type=int, default=0, help="iterations per batch (0: about 0.04 s of the first backend, 5..1000)")
     ap.add_argument("-w", "--warmup_iters", type=int, default=3)
+    ap.add_argument("--batches", type=int, default=5, help="timed batches per size and backend (median)")
     ap.add_argument("--backends", default="dpkit,gloo", help="comma-separated; the first is the default group")
+    ap.add_argument("--bind", action="store_true",
+                    help="bind each rank to its share of the CPUs (dpkit.distributed.bind_to_cores), as mpirun "
+                         "does by default and torchrun does not; no effect under mpirun")
     args = ap.parse_args()
 
     backends = args.backends.split(",")
+    if args.bind:
+        dpkit.distributed.bind_to_cores()
     timeout = datetime.timedelta(minutes=5)
     if dpkit.distributed.launched_by_mpi():
         dpkit.distributed.init_process_group(backends[0], timeout=timeout)  # ranks from mpirun
@@ -48,6 +59,13 @@ def main() -> None:
     groups = {backends[0]: None}
     for b in backends[1:]:
         groups[b] = dist.new_group(backend=b)
+    # warm every group up before the first row (its first calls set up
+    # connections and fault in memory), as nccl-tests warms up before timing
+    w = torch.zeros(max(1, parse_size(args.minbytes) // 4))
+    for b in backends:
+        for _ in range(50):
+            dist.all_reduce(w, group=groups[b])
+        dist.barrier(group=groups[b])
     sizes = []
     s = parse_size(args.minbytes)
     while s <= parse_size(args.maxbytes):
@@ -69,24 +87,31 @@ def main() -> None:
             dist.all_reduce(x.fill_(0))
             one = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
             dist.all_reduce(one, dist.ReduceOp.MAX)
-            iters = int(min(2000, max(5, 0.2 / max(one.item(), 1e-6))))
-        row = []
+            iters = int(min(1000, max(5, 0.04 / max(one.item(), 1e-6))))
+        wrongs = {}
         for b in backends:
             g = groups[b]
             x.fill_(float(rank + 1))
             dist.all_reduce(x, group=g)
-            wrong = int((x != expect).sum().item())
+            wrongs[b] = int((x != expect).sum().item())
             for _ in range(args.warmup_iters):
                 dist.all_reduce(x, group=g)
-            dist.barrier(group=g)
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(x, group=g)
-            dt = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
-            dist.all_reduce(dt, dist.ReduceOp.MAX)
-            wr = torch.tensor([wrong], dtype=torch.int64)
+        times = {b: [] for b in backends}
+        for _ in range(max(1, args.batches)):
+            for b in backends:
+                g = groups[b]
+                dist.barrier(group=g)
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    dist.all_reduce(x, group=g)
+                dt = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+                dist.all_reduce(dt, dist.ReduceOp.MAX)
+                times[b].append(dt.item())
+        row = []
+        for b in backends:
+            wr = torch.tensor([wrongs[b]], dtype=torch.int64)
             dist.all_reduce(wr)
-            t = dt.item()
+            t = statistics.median(times[b])
             algbw = count * 4 / t / 1e9
             row.append((t * 1e6, algbw, algbw * 2 * (world - 1) / world, int(wr.item())))
         if rank == 0:

@@ -11,7 +11,9 @@ and every ``dist.all_reduce`` / ``broadcast`` / ``all_gather`` /
 dpkit's algorithms, so ``DistributedDataParallel`` runs over it unchanged.
 The ranks meet through the store torch hands the backend (each group,
 ``dist.new_group(ranks, backend="dpkit")`` too, under its own prefix) and
-talk over dpkit's Gloo transport (TCP pairs). Ranks that disagree on the
+talk over dpkit's Gloo transport: within a node through a shared-memory
+segment (the shm collectives, and point-to-point messages for ring and
+tree), across nodes over TCP pairs. Ranks that disagree on the
 world size raise dpkit.InvalidArgument naming both sizes; a rank that never
 comes, dpkit.TimeoutError naming it after the group's timeout.
 
@@ -48,7 +50,7 @@ import atexit
 import datetime
 import os
 import socket
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 _registered = False
 _atexit_done = False
@@ -70,6 +72,53 @@ def launched_by_mpi() -> bool:
     """True when an MPI launcher (mpirun, srun with PMI) started this
     process: the backend then runs over MPI (when this build has it)."""
     return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+
+
+def bind_to_cores(local_rank: Optional[int] = None, local_world_size: Optional[int] = None) -> List[int]:
+    """Binds this process to its share of the CPUs it may run on, as
+    ``mpirun`` binds each rank by default and ``torchrun`` does not: the
+    allowed CPUs (``os.sched_getaffinity``), in order, are cut into
+    ``local_world_size`` contiguous slices and this process keeps slice
+    ``local_rank`` (with fewer CPUs than local ranks: CPU ``local_rank`` mod
+    their count); torch's intra-op threads are set to the slice's size. Both
+    default to torch's env:// variables LOCAL_RANK and LOCAL_WORLD_SIZE.
+    Call it before the first collective (threads started earlier keep their
+    CPUs). Under an MPI launcher (already bound by it) nothing changes.
+    Returns the CPUs this process runs on afterwards.
+
+    Raises ValueError when LOCAL_RANK / LOCAL_WORLD_SIZE are missing, not
+    integers, or local_rank is not in [0, local_world_size)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if launched_by_mpi():
+        return cpus
+
+    def env_int(name: str, given: Optional[int]) -> int:
+        if given is not None:
+            return int(given)
+        v = os.environ.get(name)
+        if v is None:
+            raise ValueError(f"dpkit.distributed.bind_to_cores: {name} is not set (launch with torchrun, or pass it)")
+        try:
+            return int(v)
+        except ValueError:
+            raise ValueError(f"dpkit.distributed.bind_to_cores: {name}={v!r} is not an integer") from None
+
+    lr = env_int("LOCAL_RANK", local_rank)
+    lws = env_int("LOCAL_WORLD_SIZE", local_world_size)
+    if lws < 1 or not 0 <= lr < lws:
+        raise ValueError(f"dpkit.distributed.bind_to_cores: local rank {lr} not in [0, {lws})")
+    if len(cpus) < lws:
+        mine = [cpus[lr % len(cpus)]]
+    else:
+        per = len(cpus) // lws
+        mine = cpus[lr * per:(lr + 1) * per]
+    os.sched_setaffinity(0, mine)
+    try:
+        import torch
+        torch.set_num_threads(len(mine))
+    except ImportError:
+        pass
+    return sorted(os.sched_getaffinity(0))
 
 
 def _finalize_at_exit() -> None:
