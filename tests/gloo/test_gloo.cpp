@@ -571,6 +571,58 @@ TEST_CASE("gloo: a rank that closes its transport mid-collective: the others thr
   MESSAGE("survivors threw after " << ms[0] << ", " << ms[2] << ", " << ms[3] << " ms; rank 0: " << what[0]);
 }
 
+TEST_CASE("gloo: a rank that closes its transport between collectives: peers waiting for it in shared memory "
+          "throw peer_error at once") {
+  // Ranks are threads of one process (one node): ring messages go through
+  // the segment. Rank 1 takes part in one all-reduce, then destroys its
+  // transport without a pending request; the others' next all-reduce waits
+  // for its messages, which never come. Its destructor aborts the segment,
+  // as closing its TCP pairs ends waits over TCP (60 s deadline).
+  temp_dir dir;
+  const int n = 3;
+  std::vector<long long> ms(n, -1);
+  std::vector<std::string> what(n);
+  std::atomic<int> first_done{0};
+  std::atomic<bool> no_shm{false};
+  const auto errors = run_world(dir.url("close-between"), n, [&](dpkit::gloo_transport& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    if (!comm.shm_messages()) { // DPKIT_SHM_BYTES=0 (the gloo_tcp_pairs run): TCP's case is the test above
+      no_shm = true;
+      return;
+    }
+    std::vector<float> g(1 << 12, 1.0f);
+    dpkit::collective_options o;
+    o.timeout = 60s;
+    dpkit::allreduce_ring(comm, g, dpkit::reduce_op::sum, o);
+    ++first_done;
+    if (comm.rank() == 1) {
+      while (first_done.load() < n) std::this_thread::sleep_for(1ms);
+      return; // ~gloo_transport, nothing pending
+    }
+    const auto t0 = dpkit::clock::now();
+    try {
+      dpkit::allreduce_ring(comm, g, dpkit::reduce_op::sum, o);
+      what[r] = "no error";
+    } catch (const dpkit::peer_error& e) {
+      what[r] = e.what();
+    }
+    ms[r] = std::chrono::duration_cast<std::chrono::milliseconds>(dpkit::clock::now() - t0).count();
+  });
+  if (no_shm) {
+    MESSAGE("no shared-memory messages (DPKIT_SHM_BYTES=0): nothing to check");
+    return;
+  }
+  for (int r : {0, 2}) {
+    CAPTURE(r);
+    CAPTURE(what[static_cast<std::size_t>(r)]);
+    CHECK(errors[static_cast<std::size_t>(r)].empty());
+    CHECK(what[static_cast<std::size_t>(r)].find("closed its transport") != std::string::npos);
+    CHECK(ms[static_cast<std::size_t>(r)] >= 0);
+    CHECK(ms[static_cast<std::size_t>(r)] < 5000);
+  }
+  CHECK(what[1].empty());
+}
+
 TEST_CASE("gloo: ranks as processes: correct all-reduces, and a process that dies mid-collective") {
   temp_dir dir;
   {
