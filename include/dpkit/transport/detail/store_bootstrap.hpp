@@ -220,7 +220,10 @@ inline store_segment store_map_segment(kv_store& store, const std::string& prefi
     c->pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
     s.view = std::make_unique<shm_segment>(rank, std::move(bases), slot_bytes);
     s.view->prefault(); // no collective runs on it before every rank has acknowledged
-    if (with_p2p && size > 1) s.p2p_area = s.map.data() + regions;
+    if (with_p2p && size > 1) {
+      s.p2p_area = s.map.data() + regions;
+      shm_p2p::prefault(s.p2p_area, rank, size);
+    }
   };
   const std::string name_key = prefix + "/name", done_key = prefix + "/done";
   if (rank == 0) {
