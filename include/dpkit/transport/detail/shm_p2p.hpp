@@ -51,6 +51,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__linux__)
@@ -293,6 +294,7 @@ public:
           op->state.store(shm_p2p_op::done, std::memory_order_release);
         }
       }
+      recycle(std::move(u.data), u.cap);
       s.early.erase(it);
       return op;
     }
@@ -381,6 +383,7 @@ private:
     int tag = 0;
     std::size_t bytes = 0, got = 0;
     std::unique_ptr<std::byte[]> data;
+    std::size_t cap = 0;          // bytes data holds (a recycled buffer may hold more)
     bool rts = false;             // a request to send: the bytes stay in the sender
     std::uint64_t id = 0, addr = 0;
   };
@@ -684,11 +687,39 @@ private:
     u->id = id;
     u->addr = addr;
     if (!rts) {
-      u->data.reset(new std::byte[std::max<std::size_t>(h.msg, 1)]);
+      u->data = take_buffer(h.msg, u->cap);
       s.target_ux = u.get();
     }
     s.early.push_back(std::move(u));
   }
+  // Buffers of early messages are kept for the next ones (at most 16, of at
+  // most 4 MiB each): a fresh allocation per early message paid malloc and,
+  // at each new size, page faults (caller holds mu_).
+  std::unique_ptr<std::byte[]> take_buffer(std::size_t bytes, std::size_t& cap) {
+    const std::size_t need = std::max<std::size_t>(bytes, 1);
+    auto best = spare_.end();
+    for (auto it = spare_.begin(); it != spare_.end(); ++it)
+      if (it->first >= need && (best == spare_.end() || it->first < best->first)) best = it;
+    if (best != spare_.end()) {
+      cap = best->first;
+      auto b = std::move(best->second);
+      spare_.erase(best);
+      return b;
+    }
+    cap = need;
+    return std::unique_ptr<std::byte[]>(new std::byte[need]);
+  }
+  void recycle(std::unique_ptr<std::byte[]> b, std::size_t cap) {
+    if (!b || cap > (std::size_t{4} << 20)) return;
+    if (spare_.size() >= 16) {
+      auto smallest = std::min_element(spare_.begin(), spare_.end(),
+                                       [](const auto& a, const auto& c) { return a.first < c.first; });
+      if (smallest->first >= cap) return;
+      spare_.erase(smallest);
+    }
+    spare_.emplace_back(cap, std::move(b));
+  }
+
   void fail_unlocked_all(const std::string& why) {
     for (auto& s : in_) {
       for (auto& o : s.posted) fail_op(*o, why);
@@ -720,6 +751,7 @@ private:
   std::vector<std::deque<std::pair<std::uint64_t, std::uint64_t>>> acks_; // acknowledgements to write (id, errno)
   std::vector<std::uint64_t> next_id_;     // per peer: the id of the next request to send
   std::size_t cma_bytes_;                  // shm_p2p_cma_bytes()
+  std::vector<std::pair<std::size_t, std::unique_ptr<std::byte[]>>> spare_; // early buffers to reuse (capacity, buffer)
 };
 
 } // namespace dpkit::detail
