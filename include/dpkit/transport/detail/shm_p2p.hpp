@@ -294,8 +294,10 @@ public:
           op->state.store(shm_p2p_op::done, std::memory_order_release);
         }
       }
+      if (!u.rts) s.early_bytes -= u.bytes;
       recycle(std::move(u.data), u.cap);
       s.early.erase(it);
+      pump_in(peer); // a message held back by the budget may go now
       return op;
     }
     s.posted.push_back(op);
@@ -393,6 +395,7 @@ private:
     bool active = false;                                 // a message is being received
     int tag = 0;
     std::size_t msg = 0, got = 0;
+    std::size_t early_bytes = 0; // bytes of the data messages in `early`
     std::shared_ptr<shm_p2p_op> target_op; // ... into this receive,
     early_msg* target_ux = nullptr;       // ... or this buffer,
     bool discard = false;                  // ... or nowhere (its receive failed or was withdrawn)
@@ -626,6 +629,14 @@ private:
         ring_read(ring, tail + 16, reinterpret_cast<std::byte*>(a), sizeof a);
         begin_message(s, h, a[0], a[1]);
       } else {
+        if (!s.active && !matches_posted(s, h.tag) && !s.early.empty() && s.early_bytes + h.msg > early_budget()) {
+          // Flow control: while this peer's unreceived messages hold more than
+          // the budget, the next one stays in the ring until its receive is
+          // posted, so a sender cannot run arbitrarily far ahead of its
+          // receiver (a stream of broadcasts from a root made the receiver
+          // buffer thousands of early messages).
+          break;
+        }
         if (!s.active) begin_message(s, h, 0, 0);
         std::byte* dst = nullptr;
         if (s.target_op) dst = s.target_op->data + s.got;
@@ -645,6 +656,16 @@ private:
     if (moved) ring_bell(p); // the sender may wait for space
     return moved;
   }
+  // Whether a posted receive from this peer takes tag `tag` now.
+  static bool matches_posted(const incoming& s, int tag) noexcept {
+    for (const auto& o : s.posted)
+      if (o->tag == tag) return true;
+    return false;
+  }
+  // Bytes of early messages a peer may have buffered here before the next
+  // one waits in the ring for its receive: four rings.
+  std::size_t early_budget() const noexcept { return 4 * cap_; }
+
   void end_message(incoming& s) {
     if (s.target_op) s.target_op->state.store(shm_p2p_op::done, std::memory_order_release);
     s.target_op.reset();
@@ -689,6 +710,7 @@ private:
     if (!rts) {
       u->data = take_buffer(h.msg, u->cap);
       s.target_ux = u.get();
+      s.early_bytes += h.msg;
     }
     s.early.push_back(std::move(u));
   }
