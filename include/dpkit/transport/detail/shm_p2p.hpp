@@ -19,7 +19,12 @@
 // non-overtaking rule, the transport concept's). A message whose receive is
 // not posted yet is copied to a buffer of its own (MPI's unexpected queue)
 // so the ring never stops behind it; a receive posted later takes it from
-// there. Nothing moves by itself: progress() (called by every wait and test
+// there, up to a budget (four rings' worth per peer): past it the next
+// message waits in the ring until its receive is posted, so a sender cannot
+// run arbitrarily far ahead of its receiver (flow control; a receiver that
+// waits for a later message of that peer before posting the earlier ones'
+// receives then waits until its deadline, which no dpkit collective does).
+// Nothing moves by itself: progress() (called by every wait and test
 // of any request) drains the incoming rings and fills the outgoing ones.
 //
 // Large messages (at least shm_p2p_cma_bytes(), 1 MiB by default) are
