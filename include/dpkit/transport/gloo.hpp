@@ -25,10 +25,12 @@
 /// Otherwise point-to-point requests are Gloo unbound buffers sent and received on a
 /// slot (the dpkit tag): Gloo matches a pair's messages on one slot in posting
 /// order, as MPI matches a tag. Waits never call Gloo's own timed waits (a
-/// Gloo wait that times out closes every pair of its context): a pool of
-/// waiter threads owned by the transport blocks in Gloo's untimed wait, one
-/// per pending request, and a request's wait(deadline) waits for its waiter
-/// against the dpkit deadline. A broken connection (a peer that exited,
+/// Gloo wait that times out closes every pair of its context): a request's
+/// wait(deadline) blocks in Gloo's untimed wait itself, and a watchdog thread
+/// of the transport aborts that wait at the deadline (or when the peer check
+/// finds the peer dead). Gloo has no non-blocking test, so a request that is
+/// tested (or destroyed) before anyone waits for it is handed to a pool of
+/// waiter threads that wait for it instead. A broken connection (a peer that exited,
 /// crashed or closed its transport) fails the requests on it at once
 /// (peer_error naming the peer); any failure fails the whole transport and
 /// closes all its connections, so every peer's waits fail within
@@ -135,6 +137,13 @@ struct gloo_op {
   std::condition_variable cv;
   state_t state = pending;
   std::string error; // failed: what Gloo said
+  /// Who blocks in Gloo's wait for it (one thread at most): nobody yet, the
+  /// thread in gloo_request::wait (the watchdog enforces its deadline), or a
+  /// waiter thread (once test() or a destructor needed an outcome without
+  /// blocking).
+  enum owner_t { unowned, caller, waiter };
+  owner_t owner = unowned;
+  bool timed_out = false; // the watchdog aborted the caller's Gloo wait at its deadline
   void abort() {
     if (is_send) buf->abortWaitSend();
     else buf->abortWaitRecv();
@@ -154,8 +163,9 @@ public:
   gloo_state(int rank, int size) : rank_(rank), size_(size) {}
   gloo_state(const gloo_state&) = delete;
   gloo_state& operator=(const gloo_state&) = delete;
-  /// Aborts what is still pending, joins the waiter threads, then closes
-  /// the connections (the context's pairs) and stops the device. Peers on
+  /// Aborts what is still pending, joins the waiter threads and the
+  /// watchdog, then closes the connections (the context's pairs) and stops
+  /// the device. Peers on
   /// this node waiting for this rank in shared memory learn it from the
   /// segment's abort words (as peers over TCP learn it from the closed
   /// connections); what this rank sent before is still theirs to read.
@@ -170,6 +180,12 @@ public:
     cv_.notify_all();
     for (auto& t : threads_) t.join();
     threads_.clear();
+    {
+      std::lock_guard lk(watch_mu_);
+      watch_stop_ = true;
+    }
+    watch_cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
     ctx_.reset();
     device_.reset();
   }
@@ -264,7 +280,9 @@ public:
   }
 
   /// Posts a send or receive of `bytes` at `data` with rank `peer` on slot
-  /// `tag` and hands it to a waiter thread.
+  /// `tag`. Nobody waits for it yet: wait_gloo() blocks in Gloo's wait in
+  /// the caller's thread (one hand-off less per message than a waiter
+  /// thread), test_gloo() and abandon() hand it to a waiter thread.
   /// @throws peer_error when the connection to peer is already broken
   ///         (the transport is then failed).
   std::shared_ptr<gloo_op> post(bool is_send, std::byte* data, std::size_t bytes, int peer, int tag) {
@@ -293,9 +311,6 @@ public:
     {
       std::lock_guard lk(mu_);
       pending_.insert(op);
-      queue_.push_back(op);
-      if (idle_ >= queue_.size()) cv_.notify_one();
-      else threads_.emplace_back([this] { waiter(); });
     }
     // fail() sets the health before it aborts what is pending: an operation
     // registered after that snapshot aborts itself.
@@ -347,16 +362,83 @@ public:
 
   /// A request is destroyed before it completed: Gloo keeps its place in the
   /// pair's queue (the pair cannot move past it), so the transport fails.
+  /// An operation nobody waited for may have completed unseen (Gloo has no
+  /// non-blocking test): a waiter thread then gets `abandon_grace` to
+  /// collect its completion before the transport fails.
   void abandon(gloo_op& op) {
-    bool pending;
+    bool pending, handed = false;
     {
       std::lock_guard lk(op.mu);
       pending = op.state == gloo_op::pending;
+      if (pending && op.owner == gloo_op::unowned) {
+        op.owner = gloo_op::waiter;
+        handed = true;
+      }
     }
     if (!pending) return;
-    fail(op.describe(rank_) + " was abandoned before it completed");
     std::unique_lock lk(op.mu);
+    if (handed) {
+      lk.unlock();
+      hand_to_waiter(find_pending(op));
+      lk.lock();
+      op.cv.wait_for(lk, abandon_grace, [&] { return op.state != gloo_op::pending; });
+      if (op.state != gloo_op::pending) return;
+    }
+    lk.unlock();
+    fail(op.describe(rank_) + " was abandoned before it completed");
+    lk.lock();
     op.cv.wait(lk, [&] { return op.state != gloo_op::pending; });
+  }
+
+  /// gloo_request::wait of a posted operation: when nobody waits for it yet,
+  /// blocks in Gloo's untimed wait in this thread, the watchdog thread
+  /// aborting that wait at deadline `d`, or when the peer check says the
+  /// peer is dead (through fail()). Returns with the outcome recorded in op
+  /// (the caller reports it), or at once when a waiter thread owns op.
+  /// @throws dpkit::timeout_error past `d` (op stays pending, as a request
+  ///         whose wait timed out always did: it may be waited again, and
+  ///         destroying it fails the transport).
+  void wait_gloo(const std::shared_ptr<gloo_op>& op, deadline d) {
+    {
+      std::lock_guard lk(op->mu);
+      if (op->state != gloo_op::pending || op->owner != gloo_op::unowned) return;
+      op->owner = gloo_op::caller;
+      op->timed_out = false;
+    }
+    watch(op, d);
+    bool ok = false;
+    std::string err;
+    try {
+      ok = gloo_wait(*op);
+    } catch (const std::exception& e) {
+      err = e.what();
+      if (err.empty()) err = "unknown Gloo error";
+    }
+    unwatch(*op);
+    if (!ok && err.empty()) {
+      std::lock_guard lk(op->mu);
+      if (op->timed_out && !health_.failed()) {
+        op->owner = gloo_op::unowned; // Gloo consumed the abort: a later wait blocks again
+        op->timed_out = false;
+        throw timeout_error(op->describe(rank_) + " did not complete before its deadline");
+      }
+    }
+    complete(op, ok, err);
+  }
+
+  /// gloo_request::test of a posted operation: true once it completed or
+  /// failed. Gloo has no non-blocking test, so the first test of a pending
+  /// operation nobody waits for hands it to a waiter thread.
+  bool test_gloo(const std::shared_ptr<gloo_op>& op) {
+    {
+      std::lock_guard lk(op->mu);
+      if (op->state != gloo_op::pending) return true;
+      if (op->owner != gloo_op::unowned) return false;
+      op->owner = gloo_op::waiter;
+    }
+    hand_to_waiter(op);
+    std::lock_guard lk(op->mu);
+    return op->state != gloo_op::pending;
   }
 
   /// The checks of a wait on the node's segment (gloo_transport::shm_poll):
@@ -490,6 +572,119 @@ private:
     }
     for (auto& op : ops) op->abort();
   }
+  static constexpr auto abandon_grace = std::chrono::milliseconds(100);
+
+  // Gloo's timed wait closes the whole context when it expires, so the wait
+  // is untimed in effect (a year); the dpkit deadline is the request's,
+  // enforced by aborting the wait (the watchdog, fail()).
+  static bool gloo_wait(gloo_op& op) {
+    constexpr auto forever = std::chrono::milliseconds(std::chrono::hours(24 * 365));
+    return op.is_send ? op.buf->waitSend(nullptr, forever) : op.buf->waitRecv(nullptr, forever);
+  }
+
+  // Records the outcome of op's Gloo wait (err: what Gloo threw) and fails
+  // the transport when its connection broke.
+  void complete(const std::shared_ptr<gloo_op>& op, bool ok, const std::string& err) {
+    {
+      std::lock_guard lk(mu_);
+      pending_.erase(op);
+    }
+    {
+      std::lock_guard lk(op->mu);
+      op->state = !err.empty() ? gloo_op::failed : ok ? gloo_op::done : gloo_op::aborted;
+      op->error = err;
+    }
+    op->cv.notify_all();
+    if (!err.empty())
+      fail(op->describe(rank_) + " failed: the connection to rank " + std::to_string(op->peer) + " broke (" + err +
+           ")");
+  }
+
+  std::shared_ptr<gloo_op> find_pending(gloo_op& op) {
+    std::lock_guard lk(mu_);
+    for (auto& p : pending_)
+      if (p.get() == &op) return p;
+    return nullptr;
+  }
+
+  // Queues op (owner: waiter) for a waiter thread, starting one when none
+  // is idle.
+  void hand_to_waiter(std::shared_ptr<gloo_op> op) {
+    if (!op) return;
+    std::lock_guard lk(mu_);
+    queue_.push_back(std::move(op));
+    if (idle_ >= queue_.size()) cv_.notify_one();
+    else threads_.emplace_back([this] { waiter(); });
+  }
+
+  // A caller blocked in Gloo's wait for op until deadline d.
+  struct watched_wait {
+    std::shared_ptr<gloo_op> op;
+    deadline due;
+    clock::time_point start;
+  };
+
+  void watch(const std::shared_ptr<gloo_op>& op, deadline d) {
+    std::lock_guard lk(watch_mu_);
+    watched_.push_back({op, d, clock::now()});
+    if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watchdog(); });
+    else if (d < next_wake_ || watched_.size() == 1) watch_cv_.notify_one(); // a sooner deadline, or peer checks to start
+  }
+  void unwatch(gloo_op& op) {
+    std::lock_guard lk(watch_mu_);
+    for (auto it = watched_.begin(); it != watched_.end(); ++it)
+      if (it->op.get() == &op) {
+        *it = std::move(watched_.back());
+        watched_.pop_back();
+        return;
+      }
+  }
+
+  // The watchdog thread: aborts the Gloo wait of a caller past its deadline
+  // (the caller then throws timeout_error) and runs the peer check for the
+  // callers' peers every 10 ms (a dead peer fails the transport, which
+  // aborts every pending operation).
+  void watchdog() {
+    std::unique_lock lk(watch_mu_);
+    while (!watch_stop_) {
+      const auto now = clock::now();
+      std::vector<std::shared_ptr<gloo_op>> expired;
+      std::vector<std::pair<int, clock::duration>> peers;
+      next_wake_ = now + std::chrono::seconds(1);
+      for (std::size_t i = 0; i < watched_.size();) {
+        if (watched_[i].due <= now) {
+          expired.push_back(std::move(watched_[i].op));
+          watched_[i] = std::move(watched_.back());
+          watched_.pop_back();
+          continue;
+        }
+        next_wake_ = std::min(next_wake_, watched_[i].due);
+        peers.emplace_back(watched_[i].op->peer, now - watched_[i].start);
+        ++i;
+      }
+      bool check = false;
+      if (!peers.empty()) {
+        std::lock_guard ck(check_mu_);
+        check = static_cast<bool>(peer_check_);
+      }
+      if (check) next_wake_ = std::min(next_wake_, now + std::chrono::milliseconds(10));
+      if (!expired.empty() || check) {
+        lk.unlock();
+        for (auto& op : expired) {
+          std::lock_guard ol(op->mu);
+          op->timed_out = true;
+          op->abort();
+        }
+        if (check)
+          for (auto& [peer, waited] : peers)
+            if (peer_dead(peer, waited)) break; // fail() aborted every wait
+        lk.lock();
+        continue; // deadlines may have passed meanwhile
+      }
+      watch_cv_.wait_until(lk, next_wake_);
+    }
+  }
+
   // A waiter thread: takes the next posted operation and blocks in Gloo's
   // wait until it completes, fails (its connection broke) or is aborted.
   void waiter() {
@@ -504,31 +699,15 @@ private:
         op = std::move(queue_.front());
         queue_.pop_front();
       }
-      // Gloo's timed wait closes the whole context when it expires, so the
-      // wait is untimed in effect (a year); the dpkit deadline is the
-      // request's.
-      constexpr auto forever = std::chrono::milliseconds(std::chrono::hours(24 * 365));
       bool ok = false;
       std::string err;
       try {
-        ok = op->is_send ? op->buf->waitSend(nullptr, forever) : op->buf->waitRecv(nullptr, forever);
+        ok = gloo_wait(*op);
       } catch (const std::exception& e) {
         err = e.what();
         if (err.empty()) err = "unknown Gloo error";
       }
-      {
-        std::lock_guard lk(mu_);
-        pending_.erase(op);
-      }
-      {
-        std::lock_guard lk(op->mu);
-        op->state = !err.empty() ? gloo_op::failed : ok ? gloo_op::done : gloo_op::aborted;
-        op->error = err;
-      }
-      op->cv.notify_all();
-      if (!err.empty())
-        fail(op->describe(rank_) + " failed: the connection to rank " + std::to_string(op->peer) + " broke (" + err +
-             ")");
+      complete(op, ok, err);
     }
   }
 
@@ -549,6 +728,12 @@ private:
   std::size_t idle_ = 0;
   bool stop_ = false;
   std::vector<std::thread> threads_;
+  std::mutex watch_mu_; // watched_, next_wake_, watch_stop_, watchdog_
+  std::condition_variable watch_cv_;
+  std::vector<watched_wait> watched_;
+  clock::time_point next_wake_{};
+  bool watch_stop_ = false;
+  std::thread watchdog_;
   std::mutex check_mu_; // the peer check's members
   std::function<bool(int)> peer_check_;
   std::chrono::milliseconds check_after_{0}, check_every_{0};
@@ -597,6 +782,7 @@ public:
       return;
     }
     if (!op_) return;
+    st_->wait_gloo(op_, d); // blocks here unless a waiter thread owns the op
     const auto start = clock::now();
     for (;;) {
       {
@@ -632,8 +818,7 @@ public:
       return sop_->state.load(std::memory_order_acquire) != detail::shm_p2p_op::pending;
     }
     if (!op_) return true;
-    std::lock_guard lk(op_->mu);
-    return op_->state != detail::gloo_op::pending;
+    return st_->test_gloo(op_);
   }
   /// Payload bytes of this request.
   std::size_t bytes() const noexcept { return op_ ? op_->bytes : sop_ ? sop_->bytes : 0; }
