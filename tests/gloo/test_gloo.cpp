@@ -511,6 +511,84 @@ TEST_CASE("gloo: a rank that never joins the collective: the others throw by the
   CHECK((kinds[0] == "timeout_error" || kinds[1] == "timeout_error"));
 }
 
+TEST_CASE("gloo: TCP point-to-point: a wait blocked in Gloo's wait ends at its deadline and can wait again; test() "
+          "without a wait; destroying a pending request fails the transport, a completed one does not") {
+  // A wait blocks in Gloo's untimed wait in the caller's thread and the
+  // transport's watchdog aborts it at the deadline; a request nobody waits
+  // for goes to a waiter thread when it is tested or destroyed.
+  // DPKIT_SHM_BYTES=0: messages go over TCP even between threads of one node.
+  const char* old = std::getenv("DPKIT_SHM_BYTES");
+  const std::string saved = old ? old : "";
+  ::setenv("DPKIT_SHM_BYTES", "0", 1);
+  temp_dir dir;
+  std::atomic<int> step{0};
+  auto until = [&](int s) {
+    while (step.load() < s) std::this_thread::sleep_for(1ms);
+  };
+  std::string timeout_what;
+  long long timeout_ms = -1;
+  bool rewait_ok = false, tested_ok = false, healthy_after_completed = false, failed_after_pending = false;
+  const auto errors = run_world(dir.url("p2p"), 2, [&](dpkit::gloo_transport& comm) {
+    std::vector<std::byte> a(64), b(64), c(64), d(64);
+    if (comm.rank() == 0) {
+      auto r = comm.irecv(a, 1, 7);
+      const auto t0 = dpkit::clock::now();
+      try {
+        r.wait(t0 + 200ms);
+      } catch (const dpkit::timeout_error& e) {
+        timeout_what = e.what();
+      }
+      timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(dpkit::clock::now() - t0).count();
+      step = 1; // rank 1 sends now: the timed-out request is still pending and completes
+      r.wait(dpkit::clock::now() + 20s);
+      rewait_ok = true;
+      auto t = comm.irecv(b, 1, 8);
+      const bool early = t.test(); // rank 1 sends only after step 2
+      step = 2;
+      const auto t1 = dpkit::clock::now() + 20s;
+      while (!t.test() && dpkit::clock::now() < t1) std::this_thread::sleep_for(1ms);
+      tested_ok = !early && t.test();
+      t.wait(dpkit::clock::now() + 20s);
+      {
+        auto s = comm.isend(c, 1, 9); // rank 1 receives it; this request is never waited or tested
+        until(3);
+      }
+      healthy_after_completed = !comm.health().failed();
+      step = 4;
+      {
+        auto p = comm.irecv(d, 1, 10); // never sent: destroying it fails the transport
+      }
+      failed_after_pending = comm.health().failed();
+      step = 5;
+    } else {
+      until(1);
+      comm.isend(a, 0, 7).wait(dpkit::clock::now() + 20s);
+      until(2);
+      comm.isend(b, 0, 8).wait(dpkit::clock::now() + 20s);
+      comm.irecv(c, 0, 9).wait(dpkit::clock::now() + 20s);
+      std::this_thread::sleep_for(50ms); // rank 0's send has completed (its pair saw it)
+      step = 3;
+      until(5);
+    }
+  });
+  if (old) ::setenv("DPKIT_SHM_BYTES", saved.c_str(), 1);
+  else ::unsetenv("DPKIT_SHM_BYTES");
+  CAPTURE(errors[0]);
+  CAPTURE(errors[1]);
+  CHECK(errors[0].empty());
+  CAPTURE(timeout_what);
+  CHECK(timeout_what.find("rank 0") != std::string::npos);
+  CHECK(timeout_what.find("receive from rank 1") != std::string::npos);
+  CHECK(timeout_what.find("tag 7") != std::string::npos);
+  CHECK(timeout_what.find("64 bytes") != std::string::npos);
+  CHECK(timeout_ms >= 200);
+  CHECK(timeout_ms < 2000);
+  CHECK(rewait_ok);
+  CHECK(tested_ok);
+  CHECK(healthy_after_completed);
+  CHECK(failed_after_pending);
+}
+
 TEST_CASE("gloo: a rank that closes its transport mid-collective: the others throw peer_error at once") {
   // The deadline is 60 s: the survivors must learn from the broken
   // connections, within milliseconds, not from the deadline. Ranks 0 and 2
