@@ -144,6 +144,7 @@ struct gloo_op {
   enum owner_t { unowned, caller, waiter };
   owner_t owner = unowned;
   bool timed_out = false; // the watchdog aborted the caller's Gloo wait at its deadline
+  bool reclaim = false;   // a caller of wait() aborted the waiter's Gloo wait to wait itself
   void abort() {
     if (is_send) buf->abortWaitSend();
     else buf->abortWaitRecv();
@@ -321,6 +322,7 @@ public:
   /// Installs the peer check of gloo_transport::set_peer_check.
   void set_peer_check(std::function<bool(int)> alive, std::chrono::milliseconds after, std::chrono::milliseconds every) {
     std::lock_guard lk(check_mu_);
+    has_check_ = static_cast<bool>(alive);
     peer_check_ = std::move(alive);
     check_after_ = after;
     check_every_ = every;
@@ -400,7 +402,15 @@ public:
   ///         destroying it fails the transport).
   void wait_gloo(const std::shared_ptr<gloo_op>& op, deadline d) {
     {
-      std::lock_guard lk(op->mu);
+      std::unique_lock lk(op->mu);
+      if (op->state == gloo_op::pending && op->owner == gloo_op::waiter && !op->reclaim) {
+        // Tested first (the pipelined tree): take it back from its waiter
+        // thread while the message is still on its way, so that its arrival
+        // wakes this thread, not the waiter's.
+        op->reclaim = true;
+        op->abort();
+        op->cv.wait_until(lk, d, [&] { return op->state != gloo_op::pending || op->owner == gloo_op::unowned; });
+      }
       if (op->state != gloo_op::pending || op->owner != gloo_op::unowned) return;
       op->owner = gloo_op::caller;
       op->timed_out = false;
@@ -628,7 +638,8 @@ private:
     std::lock_guard lk(watch_mu_);
     watched_.push_back({op, d, clock::now()});
     if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watchdog(); });
-    else if (d < next_wake_ || watched_.size() == 1) watch_cv_.notify_one(); // a sooner deadline, or peer checks to start
+    else if (d < next_wake_ || (watched_.size() == 1 && has_check_.load(std::memory_order_relaxed)))
+      watch_cv_.notify_one(); // a sooner deadline, or peer checks to start
   }
   void unwatch(gloo_op& op) {
     std::lock_guard lk(watch_mu_);
@@ -707,6 +718,15 @@ private:
         err = e.what();
         if (err.empty()) err = "unknown Gloo error";
       }
+      if (!ok && err.empty()) {
+        std::lock_guard lk(op->mu);
+        if (op->reclaim && !health_.failed()) { // wait_gloo took it back: not an outcome
+          op->reclaim = false;
+          op->owner = gloo_op::unowned;
+          op->cv.notify_all();
+          continue;
+        }
+      }
       complete(op, ok, err);
     }
   }
@@ -736,6 +756,7 @@ private:
   std::thread watchdog_;
   std::mutex check_mu_; // the peer check's members
   std::function<bool(int)> peer_check_;
+  std::atomic<bool> has_check_{false}; // peer_check_ is set (read without check_mu_)
   std::chrono::milliseconds check_after_{0}, check_every_{0};
   std::vector<clock::time_point> last_check_;
   store_segment segment_; // unmapped after the connections are closed
