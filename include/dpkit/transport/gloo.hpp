@@ -145,6 +145,7 @@ struct gloo_op {
   owner_t owner = unowned;
   bool timed_out = false; // the watchdog aborted the caller's Gloo wait at its deadline
   bool reclaim = false;   // a caller of wait() aborted the waiter's Gloo wait to wait itself
+  bool tested = false;    // test() saw it once while nobody waited for it
   void abort() {
     if (is_send) buf->abortWaitSend();
     else buf->abortWaitRecv();
@@ -437,13 +438,19 @@ public:
   }
 
   /// gloo_request::test of a posted operation: true once it completed or
-  /// failed. Gloo has no non-blocking test, so the first test of a pending
-  /// operation nobody waits for hands it to a waiter thread.
+  /// failed. Gloo has no non-blocking test: the first test of an operation
+  /// nobody waits for says false and nothing else (the pipelined tree then
+  /// usually waits for it, in its own thread: no hand-off), the second hands
+  /// it to a waiter thread, so that a loop of tests sees it complete.
   bool test_gloo(const std::shared_ptr<gloo_op>& op) {
     {
       std::lock_guard lk(op->mu);
       if (op->state != gloo_op::pending) return true;
       if (op->owner != gloo_op::unowned) return false;
+      if (!op->tested) {
+        op->tested = true;
+        return false;
+      }
       op->owner = gloo_op::waiter;
     }
     hand_to_waiter(op);
@@ -833,6 +840,9 @@ public:
     }
   }
   /// True once the operation completed (or failed: wait() then throws).
+  /// Over TCP the first test of a request nobody waits for may say false
+  /// although it completed (Gloo has no non-blocking test); later tests see
+  /// it.
   bool test() const {
     if (sop_) {
       if (sop_->state.load(std::memory_order_acquire) == detail::shm_p2p_op::pending) st_->p2p()->progress();
