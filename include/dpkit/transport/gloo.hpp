@@ -417,14 +417,8 @@ public:
       op->timed_out = false;
     }
     watch(op, d);
-    bool ok = false;
     std::string err;
-    try {
-      ok = gloo_wait(*op);
-    } catch (const std::exception& e) {
-      err = e.what();
-      if (err.empty()) err = "unknown Gloo error";
-    }
+    const bool ok = gloo_wait(*op, err);
     unwatch(*op);
     if (!ok && err.empty()) {
       std::lock_guard lk(op->mu);
@@ -593,10 +587,18 @@ private:
 
   // Gloo's timed wait closes the whole context when it expires, so the wait
   // is untimed in effect (a year); the dpkit deadline is the request's,
-  // enforced by aborting the wait (the watchdog, fail()).
-  static bool gloo_wait(gloo_op& op) {
+  // enforced by aborting the wait (the watchdog, fail()). Returns Gloo's
+  // result (false: aborted); what Gloo threw (a broken connection) goes to
+  // `err` instead, and the result is then false.
+  static bool gloo_wait(gloo_op& op, std::string& err) {
     constexpr auto forever = std::chrono::milliseconds(std::chrono::hours(24 * 365));
-    return op.is_send ? op.buf->waitSend(nullptr, forever) : op.buf->waitRecv(nullptr, forever);
+    try {
+      return op.is_send ? op.buf->waitSend(nullptr, forever) : op.buf->waitRecv(nullptr, forever);
+    } catch (const std::exception& e) {
+      err = e.what();
+      if (err.empty()) err = "unknown Gloo error";
+    }
+    return false;
   }
 
   // Records the outcome of op's Gloo wait (err: what Gloo threw) and fails
@@ -717,14 +719,8 @@ private:
         op = std::move(queue_.front());
         queue_.pop_front();
       }
-      bool ok = false;
       std::string err;
-      try {
-        ok = gloo_wait(*op);
-      } catch (const std::exception& e) {
-        err = e.what();
-        if (err.empty()) err = "unknown Gloo error";
-      }
+      const bool ok = gloo_wait(*op, err);
       if (!ok && err.empty()) {
         std::lock_guard lk(op->mu);
         if (op->reclaim && !health_.failed()) { // wait_gloo took it back: not an outcome

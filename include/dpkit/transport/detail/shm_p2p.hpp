@@ -216,6 +216,16 @@ public:
     b.self.store(reinterpret_cast<std::uintptr_t>(&b), std::memory_order_release);
   }
 
+  /// Where the ring from rank `s` to rank `r` starts (its control part, then
+  /// its data) in the area of `size` ranks at `area`: the doorbells first,
+  /// then the rings of each sender in receiver order (no ring to itself).
+  static std::byte* ring_at(std::byte* area, int size, int s, int r) noexcept {
+    const std::size_t k = static_cast<std::size_t>(s) * static_cast<std::size_t>(size - 1) +
+                          static_cast<std::size_t>(r < s ? r : r - 1);
+    return area + static_cast<std::size_t>(size) * sizeof(shm_p2p_bell) +
+           k * (sizeof(shm_p2p_ring_ctl) + shm_p2p_ring_bytes(size));
+  }
+
   /// Faults in, in this process, every page of rank `rank`'s rings in the
   /// area of `size` ranks: writes its outgoing rings' data (only it writes
   /// them; nothing is in them yet) and reads its incoming ones. Called while
@@ -226,12 +236,7 @@ public:
   static void prefault(std::byte* area, int rank, int size) noexcept {
     if (size < 2) return;
     const std::size_t cap = shm_p2p_ring_bytes(size);
-    std::byte* rings = area + static_cast<std::size_t>(size) * sizeof(shm_p2p_bell);
-    auto data = [&](int s, int r) {
-      const std::size_t k = static_cast<std::size_t>(s) * static_cast<std::size_t>(size - 1) +
-                            static_cast<std::size_t>(r < s ? r : r - 1);
-      return rings + k * (sizeof(shm_p2p_ring_ctl) + cap) + sizeof(shm_p2p_ring_ctl);
-    };
+    auto data = [&](int s, int r) { return ring_at(area, size, s, r) + sizeof(shm_p2p_ring_ctl); };
     for (int p = 0; p < size; ++p) {
       if (p == rank) continue;
       std::byte* out = data(rank, p);
@@ -245,11 +250,10 @@ public:
   /// (by its creator, before any other rank maps it).
   static void init_area(std::byte* area, int size) noexcept {
     if (size < 2) return;
-    const std::size_t cap = shm_p2p_ring_bytes(size);
     for (int p = 0; p < size; ++p) new (area + static_cast<std::size_t>(p) * sizeof(shm_p2p_bell)) shm_p2p_bell{};
-    std::byte* rings = area + static_cast<std::size_t>(size) * sizeof(shm_p2p_bell);
-    const std::size_t pairs = static_cast<std::size_t>(size) * static_cast<std::size_t>(size - 1);
-    for (std::size_t k = 0; k < pairs; ++k) new (rings + k * (sizeof(shm_p2p_ring_ctl) + cap)) shm_p2p_ring_ctl{};
+    for (int s = 0; s < size; ++s)
+      for (int r = 0; r < size; ++r)
+        if (r != s) new (ring_at(area, size, s, r)) shm_p2p_ring_ctl{};
   }
   shm_p2p(const shm_p2p&) = delete;
   shm_p2p& operator=(const shm_p2p&) = delete;
@@ -371,18 +375,7 @@ public:
   /// waits end, and no buffer of theirs is touched afterwards.
   void fail_all(const std::string& why) {
     std::lock_guard lk(mu_);
-    for (int p = 0; p < size_; ++p) {
-      auto& s = in_[static_cast<std::size_t>(p)];
-      for (auto& o : s.posted) fail_op(*o, why);
-      s.posted.clear();
-      if (s.target_op) fail_op(*s.target_op, why);
-      s.target_op.reset();
-      if (s.active) s.discard = s.target_ux == nullptr;
-      for (auto& o : out_[static_cast<std::size_t>(p)]) fail_op(*o, why);
-      out_[static_cast<std::size_t>(p)].clear();
-      for (auto& o : awaiting_[static_cast<std::size_t>(p)]) fail_op(*o, why);
-      awaiting_[static_cast<std::size_t>(p)].clear();
-    }
+    fail_unlocked_all(why);
   }
 
 private:
@@ -428,14 +421,8 @@ private:
 
   shm_p2p_bell& bell(int p) const noexcept { return reinterpret_cast<shm_p2p_bell*>(area_)[p]; }
   // The ring from rank s to rank r.
-  std::size_t ring_index(int s, int r) const noexcept {
-    return static_cast<std::size_t>(s) * static_cast<std::size_t>(size_ - 1) +
-           static_cast<std::size_t>(r < s ? r : r - 1);
-  }
   shm_p2p_ring_ctl& ctl(int s, int r) const noexcept {
-    std::byte* base = area_ + static_cast<std::size_t>(size_) * sizeof(shm_p2p_bell) +
-                      ring_index(s, r) * (sizeof(shm_p2p_ring_ctl) + cap_);
-    return *reinterpret_cast<shm_p2p_ring_ctl*>(base);
+    return *reinterpret_cast<shm_p2p_ring_ctl*>(ring_at(area_, size_, s, r));
   }
   std::byte* ring_data(int s, int r) const noexcept {
     return reinterpret_cast<std::byte*>(&ctl(s, r)) + sizeof(shm_p2p_ring_ctl);
@@ -604,10 +591,10 @@ private:
           (data && s.active && (h.tag != s.tag || h.msg != s.msg || s.got + len > s.msg)) ||
           (data && !s.active && len > h.msg) || head - tail < 16 + pad16(len)) {
         // a damaged ring (memory written by something else): stop reading it
-        corrupt_ = "the shared-memory ring from rank " + std::to_string(p) + " to rank " + std::to_string(rank_) +
+        const std::string why = "the shared-memory ring from rank " + std::to_string(p) + " to rank " + std::to_string(rank_) +
                    " holds a damaged fragment header (kind " + std::to_string(kind) + ", tag " +
                    std::to_string(h.tag) + ", " + std::to_string(len) + " of " + std::to_string(h.msg) + " bytes)";
-        fail_unlocked_all(corrupt_);
+        fail_unlocked_all(why);
         return moved;
       }
       if (kind == shm_p2p_ack) {
@@ -747,12 +734,14 @@ private:
     spare_.emplace_back(cap, std::move(b));
   }
 
+  // fail_all with mu_ held.
   void fail_unlocked_all(const std::string& why) {
     for (auto& s : in_) {
       for (auto& o : s.posted) fail_op(*o, why);
       s.posted.clear();
       if (s.target_op) fail_op(*s.target_op, why);
       s.target_op.reset();
+      if (s.active) s.discard = s.target_ux == nullptr;
     }
     for (auto& q : out_) {
       for (auto& o : q) fail_op(*o, why);
@@ -772,7 +761,6 @@ private:
   std::vector<std::deque<std::shared_ptr<shm_p2p_op>>> out_;
   std::vector<std::uint64_t> head_, tail_; // this rank's copies: head of each outgoing ring, tail of each incoming
   std::vector<std::uint64_t> seen_tail_;   // the tail of each outgoing ring at the last look
-  std::string corrupt_;                    // why the rings were given up ("" while sound)
   std::vector<int> cma_;                   // per peer: 0 not known yet, 1 it may read us, -1 it may not
   std::vector<std::deque<std::shared_ptr<shm_p2p_op>>> awaiting_; // sent requests to send, not acknowledged yet
   std::vector<std::deque<std::pair<std::uint64_t, std::uint64_t>>> acks_; // acknowledgements to write (id, errno)
