@@ -378,3 +378,29 @@ TEST_CASE("shm p2p: a sender runs at most the early budget and a ring ahead of r
     CHECK(got[k] == data[k]);
   }
 }
+
+TEST_CASE("shm p2p: single copy: a receive completes only once its acknowledgement is in the ring") {
+  // A receiver that finished its receives and left while its acknowledgement
+  // still waited for space would strand the sender's send (seen under ASan:
+  // the sender's wait ended with the segment aborted by the leaver).
+  area a(2);
+  shm_p2p s(0, 2, a.mem, 1024), r(1, 2, a.mem, 1024);
+  const auto fill = pattern(1, 0, 0, 1000); // 301 of them: more than the ring from 1 to 0 holds; 0 does not drain yet
+  std::vector<std::shared_ptr<shm_p2p_op>> fills; // below the single-copy size: through the ring
+  for (int k = 0; k < 301; ++k) fills.push_back(r.post_send(fill.data(), 1000, 0, 8)); // ~300 KiB
+  CHECK(pending(*fills.back())); // the ring from 1 to 0 is full
+  const auto d = pattern(0, 1, 0, 4096);
+  auto send = s.post_send(d.data(), d.size(), 1, 9); // a request to send (4096 >= 1024)
+  std::vector<std::byte> g(d.size());
+  auto recv = r.post_recv(g.data(), g.size(), 0, 9);
+  CHECK(g == d);              // read already
+  CHECK(pending(*recv));      // but its acknowledgement cannot be written yet
+  CHECK(pending(*send));
+  // rank 0 drains (the fill arrives early), the acknowledgement goes out
+  std::vector<std::vector<std::byte>> got(301, std::vector<std::byte>(1000));
+  for (int k = 0; k < 301; ++k) s.post_recv(got[static_cast<std::size_t>(k)].data(), 1000, 1, 8);
+  drive({&s, &r}, *recv);
+  drive({&s, &r}, *send);
+  CHECK(recv->state.load() == shm_p2p_op::done);
+  CHECK(send->state.load() == shm_p2p_op::done);
+}

@@ -284,7 +284,7 @@ public:
       if (u.bytes != bytes) {
         fail_op(*op, length_text(*op, u.bytes));
         if (u.rts) { // unread: the send completes
-          acks_[static_cast<std::size_t>(peer)].emplace_back(u.id, 0);
+          acks_[static_cast<std::size_t>(peer)].push_back({u.id, 0, nullptr});
           pump_out(peer);
         }
         if (receiving) {
@@ -292,7 +292,7 @@ public:
           s.discard = true;
         }
       } else if (u.rts) {
-        read_rts(*op, peer, u.id, u.addr);
+        read_rts(op, peer, u.id, u.addr);
       } else {
         if (u.got) std::memcpy(op->data, u.data.get(), u.got);
         op->moved = u.got;
@@ -516,9 +516,15 @@ private:
     const std::size_t max_frag = cap_ / 4;
     bool moved = false;
     while (!acks.empty() && room(32)) {
-      const std::uint64_t payload[2] = {acks.front().first, acks.front().second};
+      const std::uint64_t payload[2] = {acks.front().id, acks.front().err};
       put(ring, head, 0, shm_p2p_ack, reinterpret_cast<const std::byte*>(payload), sizeof payload, 0);
       c.head.store(head, std::memory_order_release);
+      // the receive it acknowledges completes only now: a rank that left
+      // once its receives were done would otherwise strand the sender
+      if (acks.front().recv) {
+        int expected = shm_p2p_op::pending; // not if it failed or was withdrawn meanwhile
+        acks.front().recv->state.compare_exchange_strong(expected, shm_p2p_op::done, std::memory_order_acq_rel);
+      }
       acks.pop_front();
       moved = true;
     }
@@ -557,18 +563,18 @@ private:
 
   // Reads a message whose request to send (id, addr) matched `op`, straight
   // from rank `p`'s memory, and queues the acknowledgement (caller holds mu_).
-  void read_rts(shm_p2p_op& op, int p, std::uint64_t id, std::uint64_t addr) {
+  void read_rts(const std::shared_ptr<shm_p2p_op>& recv, int p, std::uint64_t id, std::uint64_t addr) {
+    shm_p2p_op& op = *recv;
     const int pid = bell(p).pid.load(std::memory_order_relaxed);
     const int err = shm_cma_read(pid, addr, op.data, op.bytes);
     if (err == 0) {
-      op.moved = op.bytes;
-      op.state.store(shm_p2p_op::done, std::memory_order_release);
+      op.moved = op.bytes; // done once the acknowledgement is in the ring (pump_out)
     } else {
       fail_op(op, op.describe(rank_) + ": reading the message from process " + std::to_string(pid) +
                       " (process_vm_readv) failed: " + std::strerror(err) +
                       " (DPKIT_SHM_CMA=0 sends every message through the rings)");
     }
-    acks_[static_cast<std::size_t>(p)].emplace_back(id, static_cast<std::uint64_t>(err));
+    acks_[static_cast<std::size_t>(p)].push_back({id, static_cast<std::uint64_t>(err), err == 0 ? recv : nullptr});
     pump_out(p);
   }
 
@@ -684,10 +690,10 @@ private:
       s.posted.erase(it);
       if (op->bytes != h.msg) {
         fail_op(*op, length_text(*op, h.msg));
-        if (rts) acks_[static_cast<std::size_t>(p)].emplace_back(id, 0); // unread: the send completes
+        if (rts) acks_[static_cast<std::size_t>(p)].push_back({id, 0, nullptr}); // unread: the send completes
         else s.discard = true;
       } else if (rts) {
-        read_rts(*op, p, id, addr);
+        read_rts(op, p, id, addr);
       } else {
         s.target_op = std::move(op);
       }
@@ -751,6 +757,9 @@ private:
       for (auto& o : q) fail_op(*o, why);
       q.clear();
     }
+    for (auto& q : acks_)
+      for (auto& a : q)
+        if (a.recv) fail_op(*a.recv, why);
   }
 
   int rank_, size_;
@@ -763,7 +772,13 @@ private:
   std::vector<std::uint64_t> seen_tail_;   // the tail of each outgoing ring at the last look
   std::vector<int> cma_;                   // per peer: 0 not known yet, 1 it may read us, -1 it may not
   std::vector<std::deque<std::shared_ptr<shm_p2p_op>>> awaiting_; // sent requests to send, not acknowledged yet
-  std::vector<std::deque<std::pair<std::uint64_t, std::uint64_t>>> acks_; // acknowledgements to write (id, errno)
+  // An acknowledgement to write: the request's id, 0 or the errno of the
+  // read, and the receive it completes once written (nullptr: none).
+  struct pending_ack {
+    std::uint64_t id, err;
+    std::shared_ptr<shm_p2p_op> recv;
+  };
+  std::vector<std::deque<pending_ack>> acks_; // per peer, in order
   std::vector<std::uint64_t> next_id_;     // per peer: the id of the next request to send
   std::size_t cma_bytes_;                  // shm_p2p_cma_bytes()
   std::vector<std::pair<std::size_t, std::unique_ptr<std::byte[]>>> spare_; // early buffers to reuse (capacity, buffer)
