@@ -389,6 +389,37 @@ TEST_CASE("jsonl_index hardening: a FIFO as the source or the index to read is r
   fs::remove_all(dir);
 }
 
+TEST_CASE("jsonl_index hardening: read_line reads an index replaced by an identical build, refuses another") {
+  // Two ranks that find an index missing both build it and rename it into
+  // place; the first rank's first read_line then finds the path naming the
+  // second rank's (equal) file. That once failed a 2-rank training run with a
+  // stale_index_error; an index built with other options is still refused.
+  const fs::path dir = fresh_dir("replaced-index");
+  const fs::path src = dir / "src.jsonl";
+  data_test::write_file(src, "{\"n\": 1}\n\n{\"n\": 22}\n{\"n\": 333}");
+  const fs::path idx = dpkit::default_index_path(src);
+  (void)dpkit::build_jsonl_index(src, idx);
+  std::string line;
+  SUBCASE("an identical build renamed over it: the lines of the index opened") {
+    const auto opened = dpkit::jsonl_index::open(src);
+    (void)dpkit::build_jsonl_index(src, dir / "again.idx");
+    fs::rename(dir / "again.idx", idx);
+    opened.read_line(3, line);
+    CHECK(line == "{\"n\": 333}");
+    opened.read_line(1, line);
+    CHECK(line.empty());
+  }
+  SUBCASE("an index with other columns renamed over it: stale") {
+    const auto opened = dpkit::jsonl_index::open(src);
+    dpkit::jsonl_index_build_options o;
+    o.blank_lines = dpkit::blank_line_policy::skip;
+    (void)dpkit::build_jsonl_index(src, dir / "other.idx", o);
+    fs::rename(dir / "other.idx", idx);
+    CHECK_THROWS_AS(opened.read_line(0, line), dpkit::stale_index_error);
+  }
+  fs::remove_all(dir);
+}
+
 TEST_CASE("jsonl_index hardening: /dev/null as the index path is left alone") {
   // Never run this against a build without the target check: it replaced
   // /dev/null.

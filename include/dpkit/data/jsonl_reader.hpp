@@ -20,6 +20,10 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace dpkit {
 
@@ -146,12 +150,18 @@ public:
   /// RSS limits see); read_line's RSS is `out`. Two pread calls per line (about
   /// a microsecond each on a warm page cache). The files are opened on the
   /// first call (two descriptors per index; the mappings have none) and must
-  /// still be the files opened (same device and inode). Thread-safe with a
+  /// still be the files opened (same device and inode), except that an index
+  /// replaced by an identical one (same size and header bytes: the same
+  /// source, lines, columns and body checksum) is read: several ranks that
+  /// find an index missing build it at once and the last rename wins, so the
+  /// path of the index a rank opened may name another rank's equal build by
+  /// its first read_line (this once failed a 2-rank training run with a
+  /// stale_index_error). Thread-safe with a
   /// `out` per thread.
   /// @throws dpkit::invalid_argument naming k and size() if k >= size();
   ///         dpkit::format_error as operator[] for a damaged index;
   ///         dpkit::stale_index_error if the source or index path now names
-  ///         another file; dpkit::error on an I/O error (errno text).
+  ///         another file (other than an identical index); dpkit::error on an I/O error (errno text).
   void read_line(std::uint64_t k, std::string& out) const {
     check(k, "read_line");
     pread_files& f = open_files();
@@ -304,8 +314,9 @@ private:
           f.error = detail::errno_message("jsonl_index::read_line: cannot open", m.path(), errno);
           return false;
         }
-        if (!S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_dev) != m.device() ||
-            static_cast<std::uint64_t>(st.st_ino) != m.inode()) {
+        const bool same = S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_dev) == m.device() &&
+                          static_cast<std::uint64_t>(st.st_ino) == m.inode();
+        if (!same && !(&m == &index_ && S_ISREG(st.st_mode) && same_index_bytes(fd.get(), st))) {
           f.error = "jsonl_index::read_line: '" + m.path().string() + "' is another file than the one opened (replaced since); reopen the index";
           f.stale = true;
           return false;
@@ -320,6 +331,26 @@ private:
       throw error(f.error);
     }
     return f;
+  }
+
+  /// True if the regular file `fd` (stat `st`) is an index equal to the one
+  /// mapped: the same size and the same header bytes. The header holds the
+  /// source's identity and content hash, the line count, the columns and the
+  /// body's checksum (and its own), and builds are deterministic, so this is
+  /// the same index rebuilt: what several ranks that find the index missing
+  /// and build it at once leave behind, the last rename winning.
+  [[nodiscard]] bool same_index_bytes(int fd, const struct stat& st) const {
+    const std::size_t n = header_.header_bytes;
+    if (static_cast<std::uint64_t>(st.st_size) != index_.size() || n == 0 || n > index_.size()) return false;
+    std::vector<unsigned char> head(n);
+    std::size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::pread(fd, head.data() + got, n - got, static_cast<off_t>(got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return false;
+      got += static_cast<std::size_t>(r);
+    }
+    return std::memcmp(head.data(), index_.data(), n) == 0;
   }
 
   static void pread_exact(int fd, void* buf, std::size_t n, std::uint64_t at, const std::filesystem::path& path) {
