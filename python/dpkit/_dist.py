@@ -28,4 +28,4 @@ from ._dist_ext import *  # noqa: E402,F401,F403
 from ._dist_ext import ProcessGroupDpkit, finalize, has_mpi, torch_version  # noqa: E402,F401
 
 if has_mpi:
-    from ._dist_ext import broadcast_string, init_mpi  # noqa: E402,F401
+    from ._dist_ext import abort_mpi, broadcast_string, init_mpi  # noqa: E402,F401

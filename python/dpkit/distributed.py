@@ -124,12 +124,44 @@ def bind_to_cores(local_rank: Optional[int] = None, local_world_size: Optional[i
 def _finalize_at_exit() -> None:
     """Once per process: at interpreter exit, shut down every dpkit group and
     call MPI_Finalize if dpkit initialized MPI (Open MPI reports a process
-    that exits without it as an abnormal termination)."""
+    that exits without it as an abnormal termination). Under an MPI launcher
+    with more than one rank, also :func:`_abort_on_unhandled_exception`."""
     global _atexit_done
     if not _atexit_done:
         from . import _dist
         atexit.register(_dist.finalize)
+        if launched_by_mpi() and getattr(_dist, "has_mpi", False) and mpi_env()[1] > 1 \
+                and os.environ.get("DPKIT_ABORT_ON_EXCEPTION", "1") != "0":
+            _abort_on_unhandled_exception(_dist.abort_mpi)
         _atexit_done = True
+
+
+def _abort_on_unhandled_exception(abort) -> None:
+    """Wraps ``sys.excepthook``: after the traceback of an exception that ends
+    the program is printed, ``abort(1)`` (MPI_Abort on MPI_COMM_WORLD), so
+    mpirun ends every rank at once, as mpi4py's ``python -m mpi4py`` does.
+    Without it the failed rank's exit waits in MPI_Finalize (a fence over
+    every rank) while the others wait in their next collective for it, up to
+    the group's timeout (torch's default: 30 minutes): a 2-rank training run
+    whose rank 1 raised while rank 0 was in DDP's first broadcast hung so.
+    ``DPKIT_ABORT_ON_EXCEPTION=0`` turns this off. ``sys.exit()`` is not an
+    unhandled exception and exits normally."""
+    import sys
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        try:
+            rank = mpi_env()[0]
+            sys.stderr.write(f"dpkit: rank {rank}: unhandled {kind.__name__}; MPI_Abort so that the other ranks do "
+                             f"not wait for this one (DPKIT_ABORT_ON_EXCEPTION=0 turns this off)\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+        except Exception:  # noqa: BLE001 - stderr may be closed; abort anyway
+            pass
+        abort(1)
+
+    sys.excepthook = hook
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")

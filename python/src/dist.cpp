@@ -726,6 +726,17 @@ void finalize() {
 }
 
 #if DPKIT_DIST_MPI
+/// MPI_Abort(MPI_COMM_WORLD, code) if MPI is initialized and not finalized
+/// (else nothing): the launcher then ends every rank of the job. Called by
+/// dpkit.distributed's sys.excepthook after a rank's unhandled exception, so
+/// that its exit does not wait in MPI_Finalize for ranks that wait for it.
+void abort_mpi(int code) {
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (inited && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 /// `s` from world rank `root` to every rank (MPI_Bcast of its length, then
 /// its bytes): the rendezvous address of init_process_group.
 std::string broadcast_string(std::string s, int root) {
@@ -817,6 +828,8 @@ PYBIND11_MODULE(_dist_ext, m) {
         "shuts down every dpkit group, then MPI_Finalize if dpkit initialized MPI");
 #if DPKIT_DIST_MPI
   m.def("init_mpi", &init_mpi, "MPI_Init_thread(MPI_THREAD_MULTIPLE) unless initialized; returns the thread level");
+  m.def("abort_mpi", &abort_mpi, py::arg("code") = 1, py::call_guard<py::gil_scoped_release>(),
+        "MPI_Abort(MPI_COMM_WORLD, code) if MPI is initialized and not finalized");
   m.def("broadcast_string", &broadcast_string, py::arg("s"), py::arg("root") = 0, py::call_guard<py::gil_scoped_release>(),
         "s from MPI_COMM_WORLD rank root to every rank");
 #endif

@@ -323,6 +323,19 @@ def case_rank_death():
         return {"error": type(e).__name__ + ": " + str(e)[:300], "error_at": time.monotonic()}
 
 
+def case_raise():
+    """The last rank raises (an unhandled exception ends its program) while
+    the others all-reduce with it, a 120 s timeout: dpkit's excepthook must
+    MPI_Abort so that mpirun ends the job at once."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    t = torch.ones(1024)
+    dist.all_reduce(t)
+    if r == n - 1:
+        raise RuntimeError(f"rank {r} fails on purpose")
+    dist.all_reduce(t)
+    return {"error": "not ended"}
+
+
 def case_spin():
     """After one all-reduce, writes ready<rank> (with this process's pid)
     and all-reduces 4 MiB until killed (the test SIGKILLs every rank in the

@@ -84,6 +84,22 @@ def test_training_example_resumes(corpus, tmp_path, mpi_env):
     assert "step 30 epoch 0 loss" in out and '"offset": 70' in out  # + 10 steps x 3 ranks
 
 
+def test_unhandled_exception_ends_the_job(mpi_env, tmp_path):
+    """Rank 1 of 2 raises while rank 0 waits for it in an all-reduce (timeout
+    120 s): the job ends within seconds, with rank 1's traceback. Before,
+    rank 1's exit waited in MPI_Finalize for rank 0, which waited for rank 1
+    up to the timeout (in CI: a training run's rank 1 raised, and the run hung
+    until the test's 300 s limit)."""
+    cmd = mpirun_cmd(2) + [sys.executable, str(WORKER), "raise", str(tmp_path)]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, env=mpi_env, capture_output=True, text=True, timeout=60)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out[-3000:]
+    assert "rank 1 fails on purpose" in out and "dpkit: rank 1: unhandled RuntimeError; MPI_Abort" in out, out[-3000:]
+    assert time.monotonic() - t0 < 60
+    assert not (tmp_path / "rank0.json").exists()
+
+
 def test_rank_death_survivors_exit(mpi_env, tmp_path):
     """A rank _exits in the middle of a 64 MiB all-reduce (3 ranks, timeout
     5 s, mpirun not aborting on a non-zero exit): each survivor raises a
