@@ -110,20 +110,35 @@ static_assert(sizeof(shm_p2p_header) == 16);
 enum shm_p2p_kind : std::uint32_t { shm_p2p_data = 0, shm_p2p_rts = 1, shm_p2p_ack = 2 };
 inline constexpr std::uint32_t shm_p2p_len_mask = (1u << 28) - 1;
 
+/// The single-copy threshold from DPKIT_SHM_CMA (`off`: "0" turns the
+/// single copy off, "1" or unset keeps it) and DPKIT_SHM_CMA_BYTES (`bytes`:
+/// a byte count; unset: 1 MiB). Returns SIZE_MAX when off.
+/// @throws dpkit::invalid_argument naming the variable and the value when a
+///         value is malformed (never a silent fallback to the default).
+inline std::size_t parse_shm_cma_bytes(const char* off, const char* bytes) {
+  if (off && *off) {
+    if (std::string(off) == "0") return SIZE_MAX;
+    if (std::string(off) != "1")
+      throw invalid_argument(std::string("DPKIT_SHM_CMA: expected 0 (off) or 1 (on), got '") + off + "'");
+  }
+  if (bytes && *bytes) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(bytes, &end, 10);
+    if (!end || *end != '\0' || bytes[0] == '-' || bytes[0] == '+' || errno == ERANGE)
+      throw invalid_argument(std::string("DPKIT_SHM_CMA_BYTES: expected a byte count, got '") + bytes + "'");
+    return static_cast<std::size_t>(n);
+  }
+  return std::size_t{1} << 20;
+}
+
 /// Messages of at least this many bytes are read by the receiver straight
-/// from the sender's memory (one copy): DPKIT_SHM_CMA_BYTES if set, else
-/// 1 MiB; DPKIT_SHM_CMA=0 turns the single copy off (SIZE_MAX). Read once
-/// per process.
-inline std::size_t shm_p2p_cma_bytes() noexcept {
-  static const std::size_t v = [] {
-    if (const char* off = std::getenv("DPKIT_SHM_CMA"); off && std::string(off) == "0") return SIZE_MAX;
-    if (const char* b = std::getenv("DPKIT_SHM_CMA_BYTES"); b && *b) {
-      char* end = nullptr;
-      const unsigned long long n = std::strtoull(b, &end, 10);
-      if (end && *end == '\0' && b[0] != '-') return static_cast<std::size_t>(n);
-    }
-    return std::size_t{1} << 20;
-  }();
+/// from the sender's memory (one copy): parse_shm_cma_bytes of
+/// DPKIT_SHM_CMA and DPKIT_SHM_CMA_BYTES, read once per process (a malformed
+/// value throws at every call, when a transport is made).
+/// @throws dpkit::invalid_argument on a malformed value.
+inline std::size_t shm_p2p_cma_bytes() {
+  static const std::size_t v = parse_shm_cma_bytes(std::getenv("DPKIT_SHM_CMA"), std::getenv("DPKIT_SHM_CMA_BYTES"));
   return v;
 }
 
