@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Elastic training test over torch_lm --elastic (docs/elastic.md, "Healing,
-exactly-once data and DDP"): processes on one machine meet through a file
+exactly-once data and DDP"), or over dpkit.elastic from Python with
+--python-worker (python/tests/elastic_worker.py, docs/python.md): processes on one machine meet through a file
 store; members end themselves (_exit) at each failure point and processes
 join while the group trains. Then the logs (torch_lm's --sample-log) are
 checked against an independent account:
@@ -24,6 +25,8 @@ checked against an independent account:
 Usage: torch_elastic_check.py --torch-lm BUILD/examples/torch_lm --corpus
 BUILD/data/debian-descriptions.jsonl --spm data/debian-bpe-8k.model
 --workdir DIR
+       torch_elastic_check.py --python-worker PYTHON python/tests/elastic_worker.py
+--workdir DIR --timeout 240
 """
 import argparse
 import collections
@@ -38,9 +41,12 @@ N_SAMPLES = 1500
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--torch-lm", required=True)
-    ap.add_argument("--corpus", required=True)
-    ap.add_argument("--spm", required=True)
+    ap.add_argument("--torch-lm")
+    ap.add_argument("--corpus")
+    ap.add_argument("--spm")
+    ap.add_argument("--python-worker", nargs=2, metavar=("PYTHON", "WORKER"),
+                    help="run the members as PYTHON WORKER (python/tests/elastic_worker.py: dpkit.elastic from "
+                         "Python, the same logs) instead of torch_lm")
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--timeout", type=float, default=90.0)
     ap.add_argument("--check-only", action="store_true", help="check the logs of an earlier run in --workdir")
@@ -48,6 +54,8 @@ def main():
                     help="with --check-only: the failures came from outside (processes killed), not from --control, "
                          "so there are no injected-failure records to check")
     args = ap.parse_args()
+    if not args.python_worker and not (args.torch_lm and args.corpus and args.spm):
+        ap.error("--torch-lm, --corpus and --spm are required without --python-worker")
     if args.check_only:
         logs = os.path.join(os.path.abspath(args.workdir), "logs")
         recs = []
@@ -68,6 +76,12 @@ def main():
     procs = {}
 
     def start(i):
+        if args.python_worker:
+            cmd = list(args.python_worker) + ["--store", "file://" + store, "--id", str(i), "--first-size", "3",
+                                              "--logs", logs, "--control", control]
+            out = open(os.path.join(wd, "out.%d.txt" % i), "w")
+            procs[i] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            return
         cmd = [args.torch_lm, "--elastic", "file://" + store, "--id", str(i), "--first-size", "3",
                "--corpus", args.corpus, "--spm", args.spm, "--layers", "1", "--d-model", "16", "--heads", "2",
                "--max-len", "16", "--max-tokens", "32", "--limit-samples", str(N_SAMPLES), "--epochs", "1",

@@ -38,6 +38,7 @@
 #include <dpkit/collectives.hpp>
 #include <dpkit/core/errors.hpp>
 #include <dpkit/torch/tensor.hpp>
+#include <dpkit/elastic/group.hpp>
 #include <dpkit/transport/gloo.hpp>
 
 #include <torch/version.h>
@@ -751,6 +752,56 @@ std::string broadcast_string(std::string s, int root) {
 }
 #endif
 
+/// dpkit::elastic_group for Python (dpkit.elastic.ElasticGroup): one
+/// process's membership, and collectives of torch CPU tensors over the
+/// current generation's transport, run on the calling thread (the GIL
+/// released) with `step_timeout` as their deadline. Not thread-safe: one
+/// Python thread uses it (the group's heartbeat thread is its own).
+class elastic_core {
+public:
+  elastic_core(const std::string& url, std::int64_t id, const dpkit::elastic_options& o,
+               std::chrono::milliseconds step_timeout)
+      : step_timeout_(step_timeout) {
+    if (step_timeout.count() <= 0)
+      throw dpkit::invalid_argument("ElasticGroup: id " + std::to_string(id) + ": step_timeout must be > 0, got " +
+                                    std::to_string(step_timeout.count()) + " ms");
+    group_ = std::make_unique<dpkit::elastic_group>(url, id, o);
+    first_generation_ = group_->generation();
+  }
+  dpkit::elastic_group& group() {
+    if (!group_) throw dpkit::communicator_error("ElasticGroup: closed");
+    return *group_;
+  }
+  /// The generation this process first became a member in (0: it started
+  /// with the job, so it holds the job's initial training state).
+  std::uint64_t first_generation() const noexcept { return first_generation_; }
+  void close() { group_.reset(); }
+  dpkit::collective_options options() const {
+    dpkit::collective_options o;
+    o.timeout = step_timeout_;
+    return o;
+  }
+  void allreduce(const at::Tensor& t, const std::string& op) {
+    dpkit::reduce_op r;
+    if (op == "sum") r = dpkit::reduce_op::sum;
+    else if (op == "avg") r = dpkit::reduce_op::avg;
+    else if (op == "min") r = dpkit::reduce_op::min;
+    else if (op == "max") r = dpkit::reduce_op::max;
+    else if (op == "prod") r = dpkit::reduce_op::prod;
+    else
+      throw dpkit::invalid_argument("ElasticGroup.all_reduce: rank " + std::to_string(group().rank()) + ": op '" + op +
+                                    "' is not one of sum, avg, min, max, prod");
+    dpkit::torch_allreduce(group().transport(), t, r, {}, options());
+  }
+  void broadcast(const at::Tensor& t, int root) { dpkit::torch_broadcast(group().transport(), t, root, options()); }
+  void barrier() { dpkit::barrier(group().transport(), options()); }
+
+private:
+  std::unique_ptr<dpkit::elastic_group> group_;
+  std::chrono::milliseconds step_timeout_;
+  std::uint64_t first_generation_ = 0;
+};
+
 /// dpkit's exceptions as dpkit._core's Python classes (every kind: when this
 /// module and _core share pybind11's internals, as with Debian's torch,
 /// this translator is tried first for _core's calls too), for this module's
@@ -824,6 +875,44 @@ PYBIND11_MODULE(_dist_ext, m) {
   cls.def("shutdown", &process_group_dpkit::shutdown, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("inline_bytes", &process_group_dpkit::inline_bytes)
       .def_property_readonly("transport", &process_group_dpkit::transport_name);
+  py::class_<elastic_core, std::shared_ptr<elastic_core>>(m, "ElasticCore")
+      .def(py::init([](const std::string& url, std::int64_t id, int first_size, int min_size, bool majority,
+                       std::chrono::milliseconds heartbeat_interval, std::chrono::milliseconds dead_after,
+                       std::chrono::milliseconds announce_wait, std::chrono::milliseconds connect_timeout,
+                       std::chrono::milliseconds timeout, std::chrono::milliseconds step_timeout,
+                       const std::string& hostname) {
+             dpkit::elastic_options o;
+             o.first_size = first_size;
+             o.min_size = min_size;
+             o.majority = majority;
+             o.heartbeat_interval = heartbeat_interval;
+             o.dead_after = dead_after;
+             o.announce_wait = announce_wait;
+             o.connect_timeout = connect_timeout;
+             o.timeout = timeout;
+             o.transport.hostname = hostname;
+             return std::make_shared<elastic_core>(url, id, o, step_timeout);
+           }),
+           py::arg("url"), py::arg("id"), py::arg("first_size"), py::arg("min_size"), py::arg("majority"),
+           py::arg("heartbeat_interval"), py::arg("dead_after"), py::arg("announce_wait"), py::arg("connect_timeout"),
+           py::arg("timeout"), py::arg("step_timeout"), py::arg("hostname"), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("id", [](elastic_core& e) { return e.group().id(); })
+      .def_property_readonly("rank", [](elastic_core& e) { return e.group().rank(); })
+      .def_property_readonly("size", [](elastic_core& e) { return e.group().size(); })
+      .def_property_readonly("generation", [](elastic_core& e) { return e.group().generation(); })
+      .def_property_readonly("first_generation", &elastic_core::first_generation)
+      .def_property_readonly("members", [](elastic_core& e) { return e.group().members(); })
+      .def_property_readonly("shm_messages", [](elastic_core& e) { return e.group().transport().shm_messages(); })
+      .def("rebuild", [](elastic_core& e) { e.group().rebuild(); }, py::call_guard<py::gil_scoped_release>())
+      .def("admit_joiners", [](elastic_core& e) { return e.group().admit_joiners(); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("joiners", [](elastic_core& e) { return e.group().joiners(); }, py::call_guard<py::gil_scoped_release>())
+      .def("all_reduce", &elastic_core::allreduce, py::arg("tensor"), py::arg("op") = "sum",
+           py::call_guard<py::gil_scoped_release>())
+      .def("broadcast", &elastic_core::broadcast, py::arg("tensor"), py::arg("root") = 0,
+           py::call_guard<py::gil_scoped_release>())
+      .def("barrier", &elastic_core::barrier, py::call_guard<py::gil_scoped_release>())
+      .def("close", &elastic_core::close, py::call_guard<py::gil_scoped_release>());
   m.def("finalize", &finalize, py::call_guard<py::gil_scoped_release>(),
         "shuts down every dpkit group, then MPI_Finalize if dpkit initialized MPI");
 #if DPKIT_DIST_MPI
