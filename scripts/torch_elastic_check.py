@@ -49,6 +49,11 @@ def main():
                          "Python, the same logs) instead of torch_lm")
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--timeout", type=float, default=90.0)
+    ap.add_argument("--scenario", choices=("failures", "stuck"), default="failures",
+                    help="failures: members end themselves at each failure point (default); stuck (with "
+                         "--python-worker): a member sleeps in its step with its heartbeat alive, another is "
+                         "stopped with SIGSTOP; both must be expelled within the step deadline and come back")
+    ap.add_argument("--step-deadline", type=float, default=2.0, help="--scenario stuck: the group's step deadline (s)")
     ap.add_argument("--check-only", action="store_true", help="check the logs of an earlier run in --workdir")
     ap.add_argument("--external-failures", action="store_true",
                     help="with --check-only: the failures came from outside (processes killed), not from --control, "
@@ -56,6 +61,8 @@ def main():
     args = ap.parse_args()
     if not args.python_worker and not (args.torch_lm and args.corpus and args.spm):
         ap.error("--torch-lm, --corpus and --spm are required without --python-worker")
+    if args.scenario == "stuck" and not args.python_worker:
+        ap.error("--scenario stuck needs --python-worker")
     if args.check_only:
         logs = os.path.join(os.path.abspath(args.workdir), "logs")
         recs = []
@@ -79,6 +86,8 @@ def main():
         if args.python_worker:
             cmd = list(args.python_worker) + ["--store", "file://" + store, "--id", str(i), "--first-size", "3",
                                               "--logs", logs, "--control", control]
+            if args.scenario == "stuck":
+                cmd += ["--step-deadline", str(args.step_deadline)]
             out = open(os.path.join(wd, "out.%d.txt" % i), "w")
             procs[i] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
             return
@@ -134,6 +143,10 @@ def main():
         t = max(float(r[0]) for r in recs if r[1] == "F" and r[2] == str(i))
         wait_for("a step applied after id %d failed" % i, lambda rs: applied_after(rs, t))
 
+    if args.scenario == "stuck":
+        run_stuck(args, start, procs, wait_for, read_logs, fail, applied_after, control, deadline)
+        return
+
     # Generation 0: ids 1, 2, 3. Failures: during a collective (2), during a
     # join (5), before a collective (3), after one, the master (1); joiners 4
     # and 0 must receive the state. Id 0 joins last with the lowest id: it is
@@ -182,6 +195,70 @@ def main():
     if procs[9].returncode != 1 or "no member holds the training state" not in out9:
         fail("id 9 exited with %d: %s" % (procs[9].returncode, out9))
     print("a process alone without the state: exit 1, '%s'" % out9.strip().splitlines()[-1])
+    print("PASS")
+
+
+def run_stuck(args, start, procs, wait_for, read_logs, fail, applied_after, control, deadline):
+    """Ids 1, 2, 3 with a step deadline: id 2's main thread sleeps 8 s in a
+    step (its heartbeat alive), then id 3 is stopped with SIGSTOP (its
+    heartbeat too) for 4 s. Each time the others must apply a step within
+    the step deadline (plus re-forming and healing: the bound checked is
+    the deadline + 3 s), and the member must come back (admitted and healed)
+    and finish the epoch with the others."""
+    import signal
+    for i in (1, 2, 3):
+        start(i)
+    wait_for("two steps of generation 0", lambda rs: sum(1 for r in rs if r[1] == "A" and r[2] == "0") >= 6)
+    bound = args.step_deadline + 3.0
+    lost = []
+
+    def recovered(what, t):
+        recs = wait_for("a step applied after " + what, lambda rs: applied_after(rs, t))
+        healed = min(float(j[0]) for j in recs if j[1] == "J" and float(j[0]) > t)
+        nxt = min(float(a[0]) for a in recs if a[1] == "A" and float(a[0]) > healed)
+        print("%s: healed %.2f s later, next step applied %.2f s later (step deadline %.1f s)" %
+              (what, healed - t, nxt - t, args.step_deadline))
+        if nxt - t > bound:
+            fail("%s: the next step was applied %.2f s later, more than the deadline + 3 s" % (what, nxt - t))
+        lost.append(nxt - t)
+
+    def came_back(ident, t):
+        wait_for("id %d to be healed again" % ident,
+                 lambda rs: any(r[1] == "J" and r[3] == str(ident) and float(r[0]) > t for r in rs))
+        print("id %d came back (admitted and healed)" % ident)
+
+    with open(os.path.join(control, "fail.2"), "w") as f:
+        f.write("sleep")
+    recs = wait_for("id 2 to sleep", lambda rs: any(r[1] == "F" and r[2] == "2" for r in rs))
+    t2 = max(float(r[0]) for r in recs if r[1] == "F" and r[2] == "2")
+    recovered("id 2 asleep in its step (heartbeat alive)", t2)
+    came_back(2, t2 + 8)
+    os.remove(os.path.join(control, "fail.2"))
+    t3 = time.time()
+    os.kill(procs[3].pid, signal.SIGSTOP)
+    recovered("id 3 stopped (SIGSTOP)", t3)
+    time.sleep(max(0.0, t3 + 4 - time.time()))
+    os.kill(procs[3].pid, signal.SIGCONT)
+    came_back(3, t3 + 4)
+    os.remove(os.path.join(control, "pace"))
+    for i in (1, 2, 3):
+        try:
+            procs[i].wait(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            fail("id %d did not finish the epoch" % i)
+        if procs[i].returncode != 0:
+            fail("id %d exited with %d" % (i, procs[i].returncode))
+    recs = read_logs()
+    check(recs, fail, injected=False)
+    D = [r for r in recs if r[1] == "D"]
+    if len(D) != 3:
+        fail("finish lines %s" % D)
+    # generations: the first, each expulsion, each return (one spare: a
+    # member may wake while the others re-form). A stuck member counted as a
+    # joiner before it woke re-formed the group at every step (7+ here).
+    gens = {int(r[2]) for r in recs if r[1] == "J"}
+    if len(gens) > 6:
+        fail("%d generations for two expulsions and two returns: %s" % (len(gens), sorted(gens)))
     print("PASS")
 
 

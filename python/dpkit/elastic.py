@@ -57,6 +57,16 @@ class ElasticGroup:
     ``connect_timeout`` limits connecting one generation; ``timeout`` a whole
     join or rebuild; ``step_timeout`` is the deadline of each collective
     (a member that stops making progress costs its peers at most that).
+    ``step_deadline`` (None: off): a member that has not entered a step's
+    collectives (:meth:`enter_step`; :class:`ElasticTrainer` calls it after
+    backward) ``step_deadline`` after a member waiting for it entered them
+    is failed like a dead one and not waited for when the group re-forms:
+    a member stuck in user code, or a stopped device, with its heartbeat
+    alive (the issue torchft's per-step quorum solves) costs the others about
+    that long instead of ``step_timeout``; it must exceed the spread of the
+    members' compute times in one step. Such a member that wakes up finds
+    its step failed and joins again (it is admitted, and healed with the
+    others' newer state).
     ``majority=True``: a generation after the first forms only with a strict
     majority of the previous one's members (the minority of a partition
     stops with :class:`dpkit.TimeoutError`: never a split brain).
@@ -72,7 +82,8 @@ class ElasticGroup:
     def __init__(self, store_url: str, member_id: int, *, first_size: int = 1, min_size: int = 1,
                  majority: bool = True, heartbeat_interval: float = 0.5, dead_after: float = 5.0,
                  announce_wait: float = 30.0, connect_timeout: float = 60.0, timeout: float = 1800.0,
-                 step_timeout: float = 60.0, hostname: Optional[str] = None):
+                 step_timeout: float = 60.0, step_deadline: Optional[float] = None,
+                 hostname: Optional[str] = None):
         from . import _dist
         from .distributed import _gloo_hostname
         if hostname is None:
@@ -80,7 +91,7 @@ class ElasticGroup:
         self._core = _dist.ElasticCore(store_url, int(member_id), int(first_size), int(min_size), bool(majority),
                                        _seconds(heartbeat_interval), _seconds(dead_after), _seconds(announce_wait),
                                        _seconds(connect_timeout), _seconds(timeout), _seconds(step_timeout),
-                                       hostname)
+                                       _seconds(step_deadline or 0.0), hostname)
 
     @property
     def id(self) -> int:
@@ -133,6 +144,12 @@ class ElasticGroup:
         process waiting to join, all re-form with it and True is returned.
         Raises as a collective (a member failed: then :meth:`rebuild`)."""
         return self._core.admit_joiners()
+
+    def enter_step(self, step: int) -> None:
+        """Announces that this member enters the collectives of step
+        ``step`` (numbered equally on every member) and starts the step
+        deadline (a store write; nothing without ``step_deadline``)."""
+        self._core.enter_step(int(step))
 
     def joiners(self) -> List[int]:
         """Ids of live processes waiting to join, as this process sees them."""
@@ -226,9 +243,10 @@ class ElasticTrainer:
     died, or is late past ``step_timeout``) discards the step: the group is
     re-formed and healed and :meth:`step` returns None. Every
     ``admit_every`` applied steps, processes waiting to join are admitted
-    (then healed). Healing: the lowest rank that holds a training state (a
+    (then healed). Healing: of the members that hold a training state (a
     member of the job's first generation, or one healed since; never a
-    joiner) serializes it (torch.save: module and optimizer and scheduler
+    joiner), the one with the most applied steps, then the lowest rank,
+    serializes it (torch.save: module and optimizer and scheduler
     state, progress, RNG states, ``extra_state``) and broadcasts it; every
     other member loads it, so all hold bitwise the same state
     (:func:`state_checksum`), then re-shards its sampler at the healed
@@ -288,6 +306,7 @@ class ElasticTrainer:
             loss = loss * 0.0
         loss.backward()
         try:
+            self.group.enter_step(self.step_count)
             self._average_gradients()
         except Error:
             self._recover()
@@ -380,9 +399,15 @@ class ElasticTrainer:
     def _heal(self) -> None:
         g = self.group
         rank, world = g.rank, g.size
-        holder = torch.tensor([rank if self._has_state else world], dtype=torch.int64)
-        g.all_reduce(holder, "min")
-        src = int(holder.item())
+        # the holder with the most applied steps, then the lowest rank: a
+        # member expelled past its step deadline that comes back holds an
+        # older state than the others and must not be the source
+        low = 1 << 20
+        holder = torch.tensor([self.step_count * low + (low - 1 - rank) if self._has_state else -1],
+                              dtype=torch.int64)
+        g.all_reduce(holder, "max")
+        best = int(holder.item())
+        src = low - 1 - best % low if best >= 0 else world
         if src >= world:
             raise NoStateError(f"elastic trainer: id {g.id}: generation {g.generation} (members {g.members}): no member "
                            f"holds the training state (every member that had it is gone)")

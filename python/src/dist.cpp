@@ -880,7 +880,7 @@ PYBIND11_MODULE(_dist_ext, m) {
                        std::chrono::milliseconds heartbeat_interval, std::chrono::milliseconds dead_after,
                        std::chrono::milliseconds announce_wait, std::chrono::milliseconds connect_timeout,
                        std::chrono::milliseconds timeout, std::chrono::milliseconds step_timeout,
-                       const std::string& hostname) {
+                       std::chrono::milliseconds step_deadline, const std::string& hostname) {
              dpkit::elastic_options o;
              o.first_size = first_size;
              o.min_size = min_size;
@@ -890,12 +890,14 @@ PYBIND11_MODULE(_dist_ext, m) {
              o.announce_wait = announce_wait;
              o.connect_timeout = connect_timeout;
              o.timeout = timeout;
+             o.step_deadline = step_deadline;
              o.transport.hostname = hostname;
              return std::make_shared<elastic_core>(url, id, o, step_timeout);
            }),
            py::arg("url"), py::arg("id"), py::arg("first_size"), py::arg("min_size"), py::arg("majority"),
            py::arg("heartbeat_interval"), py::arg("dead_after"), py::arg("announce_wait"), py::arg("connect_timeout"),
-           py::arg("timeout"), py::arg("step_timeout"), py::arg("hostname"), py::call_guard<py::gil_scoped_release>())
+           py::arg("timeout"), py::arg("step_timeout"), py::arg("step_deadline"), py::arg("hostname"),
+           py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("id", [](elastic_core& e) { return e.group().id(); })
       .def_property_readonly("rank", [](elastic_core& e) { return e.group().rank(); })
       .def_property_readonly("size", [](elastic_core& e) { return e.group().size(); })
@@ -907,6 +909,8 @@ PYBIND11_MODULE(_dist_ext, m) {
       .def("admit_joiners", [](elastic_core& e) { return e.group().admit_joiners(); },
            py::call_guard<py::gil_scoped_release>())
       .def("joiners", [](elastic_core& e) { return e.group().joiners(); }, py::call_guard<py::gil_scoped_release>())
+      .def("enter_step", [](elastic_core& e, std::uint64_t step) { e.group().enter_step(step); }, py::arg("step"),
+           py::call_guard<py::gil_scoped_release>())
       .def("all_reduce", &elastic_core::allreduce, py::arg("tensor"), py::arg("op") = "sum",
            py::call_guard<py::gil_scoped_release>())
       .def("broadcast", &elastic_core::broadcast, py::arg("tensor"), py::arg("root") = 0,

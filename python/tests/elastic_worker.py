@@ -13,7 +13,10 @@ Fault injection (--control DIR): DIR/fail.<id> names where this process ends
 itself with os._exit(3): "join" (right after joining, before the heal),
 "before" (the next step, before forward), "during" (in the step, while the
 other members wait for it in the gradients' all-reduce), "after" (after the
-next step was applied); while DIR/pace exists each step sleeps 100 ms.
+next step was applied), "sleep" (once, in the next step's forward: the
+main thread sleeps 8 s with the heartbeat alive, then goes on); while
+DIR/pace exists each step sleeps 100 ms. --step-deadline S sets the group's
+step deadline.
 
 The data: N_SAMPLES samples with lengths 1..15 and a budget of 32 tokens
 (every sample kept: oversize truncate), the model an embedding of the
@@ -50,6 +53,7 @@ def main():
     ap.add_argument("--logs", required=True)
     ap.add_argument("--control", required=True)
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--step-deadline", type=float, default=0.0)
     args = ap.parse_args()
     torch.set_num_threads(1)
     ident = args.id
@@ -80,7 +84,8 @@ def main():
                                              elastic=True, seed=5)
 
     group = ElasticGroup(args.store, ident, first_size=args.first_size, heartbeat_interval=0.05, dead_after=0.6,
-                         announce_wait=2.4, majority=False, step_timeout=30.0, hostname="127.0.0.1")
+                         announce_wait=2.4, majority=False, step_timeout=30.0,
+                         step_deadline=args.step_deadline or None, hostname="127.0.0.1")
     if control_fault() == "join":
         fault("join", -1)
 
@@ -93,6 +98,7 @@ def main():
                                           h.checksum, h.source, group.shm_messages), flush=True)
 
     trainer = ElasticTrainer(group, model, opt, make_sampler, scheduler=sched, on_heal=on_heal)
+    flags = {"slept": False}
     while trainer.epoch < args.epochs:
         batch = trainer.next_batch()
         if trainer.epoch >= args.epochs:
@@ -111,6 +117,11 @@ def main():
             loss = torch.nn.functional.mse_loss(model(x), target)
             if f == "during":
                 fault(f, step)  # the others are in the gradients' all-reduce, waiting for this member
+            if f == "sleep" and not flags["slept"]:
+                log.put("F %d sleep %d" % (ident, step))
+                print("elastic_worker: id %d: sleeping 8 s in step %d (heartbeat alive)" % (ident, step), flush=True)
+                time.sleep(8)
+                flags["slept"] = True
             return loss
 
         if trainer.step(compute, batch) is not None:

@@ -29,6 +29,19 @@ def test_failure_points_heal_and_exactly_once(tmp_path):
     assert p.returncode == 0 and "PASS" in p.stdout, p.stdout[-4000:] + p.stderr[-6000:]
 
 
+def test_stuck_and_stopped_members_are_expelled_and_come_back(tmp_path):
+    """Step deadline 2 s: a member whose main thread sleeps 8 s in a step
+    (heartbeat alive) and one stopped with SIGSTOP (heartbeat too) for 4 s
+    are expelled; the others apply a step within the deadline + 3 s (without
+    the step deadline they waited 8 s); each comes back, is healed, and all
+    three finish the epoch with equal state and every sample once."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "torch_elastic_check.py"), "--python-worker", sys.executable,
+           str(WORKER), "--workdir", str(tmp_path / "run"), "--timeout", "240", "--scenario", "stuck",
+           "--step-deadline", "2"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "PASS" in p.stdout, p.stdout[-4000:] + p.stderr[-6000:]
+
+
 def test_group_arguments_are_checked(tmp_path):
     from dpkit.elastic import ElasticGroup
     with pytest.raises(dpkit.InvalidArgument, match="relative"):

@@ -87,6 +87,18 @@ struct elastic_options {
   /// (as etcd's and ZooKeeper's quorums). false: any min_size live
   /// processes go on.
   bool majority = true;
+  /// Step deadline (0: off). With it, each member announces in the store
+  /// when it enters a step's collectives (enter_step), and a member that
+  /// another member waits for and that has not entered the step that one
+  /// entered `step_deadline` ago is failed like a dead one: the waits on it
+  /// end with peer_error and the next generation does not wait for it
+  /// (though it is admitted again if it announces itself in time, or later
+  /// as a joiner). This expels a member that stops making progress while its
+  /// heartbeat lives (stuck in user code, a stopped device), which otherwise
+  /// costs every peer its collective deadline. It must exceed how much later
+  /// than the first member a healthy member enters a step (the spread of the
+  /// members' compute times in one step).
+  std::chrono::milliseconds step_deadline{0};
   friend bool operator==(const elastic_options&, const elastic_options&) = default;
 };
 
@@ -173,13 +185,34 @@ public:
     form(gen_ + 1);
   }
 
+  /// Announces that this member enters the collectives of step `step` of
+  /// the current generation (store key prog/<id>: "<generation> <step>"),
+  /// and starts this member's step deadline (elastic_options::step_deadline;
+  /// without one, nothing is written). Steps are numbered by the caller,
+  /// equal on every member (elastic training: the applied steps).
+  /// @throws dpkit::error when the store cannot be used.
+  void enter_step(std::uint64_t step) {
+    if (o_.step_deadline.count() <= 0) return;
+    store_->put(key("prog/" + std::to_string(id_)), text(std::to_string(gen_) + " " + std::to_string(step)));
+    const std::lock_guard lk(alive_mu_);
+    entered_ = {gen_, step};
+    entered_at_ = clock::now();
+    in_step_ = true;
+  }
+
   /// Ids of live processes that asked to join and are not members yet, as
-  /// this process sees them (not a collective).
+  /// this process sees them (not a collective): in the join queue, alive,
+  /// and waiting for the next generation (they announced themselves for
+  /// it). A dead process in the queue, or a member expelled past its step
+  /// deadline that has not woken up, is no joiner: admitting it would
+  /// re-form the group at every step while its heartbeat looks alive.
   std::vector<std::int64_t> joiners() {
     scan_queue();
     std::vector<std::int64_t> out;
     for (auto q : queue_)
-      if (!std::binary_search(members_.begin(), members_.end(), q) && alive(q)) out.push_back(q);
+      if (!std::binary_search(members_.begin(), members_.end(), q) && alive(q) &&
+          store_->exists(gkey(gen_ + 1, "alive/" + std::to_string(q))))
+        out.push_back(q);
     return out;
   }
 
@@ -257,6 +290,24 @@ private:
     }
     return now - it->second.second < o_.dead_after;
   }
+  // Whether process q has not entered the step this process entered
+  // step_deadline ago (enter_step; only while this process is in a step of
+  // the current generation: the deadline counts from its own entry).
+  bool lagging(std::int64_t q) {
+    if (q == id_ || o_.step_deadline.count() <= 0) return false;
+    const std::lock_guard lk(alive_mu_); // also called by the transport's waits (any thread)
+    if (!in_step_ || clock::now() - entered_at_ < o_.step_deadline) return false;
+    const auto mine = entered_;
+    const std::string k = key("prog/" + std::to_string(q));
+    auto v = store_->try_get(k);
+    if (!v) return true; // never entered a step: behind by definition
+    const std::string str(v->begin(), v->end());
+    const auto sp = str.find(' ');
+    if (sp == std::string::npos) number(k, str); // throws format_error naming it
+    const auto theirs = std::make_pair(static_cast<std::uint64_t>(number(k, str.substr(0, sp))),
+                                       static_cast<std::uint64_t>(number(k, str.substr(sp + 1))));
+    return theirs < mine;
+  }
   // Reads the join queue's new entries.
   void scan_queue() {
     for (;;) {
@@ -319,7 +370,7 @@ private:
           const bool live = alive(q);
           if (store_->exists(gkey(t, "alive/" + std::to_string(q)))) {
             if (live) announced.push_back(q);
-          } else if (live) {
+          } else if (live && !lagging(q)) { // a member past its step deadline is not waited for
             waiting = true;
           }
         }
@@ -366,8 +417,19 @@ private:
       }
       // A member that dies while a survivor's only pending operation is a
       // send to it: the heartbeats end that wait (after dead_after).
-      comm_->set_peer_check([this, ids = decided](int r) { return alive(ids[static_cast<std::size_t>(r)]); }, o_.dead_after,
-                            o_.heartbeat_interval);
+      // With a step deadline, so does a member that has not entered the
+      // step a waiting member entered step_deadline ago (enter_step).
+      const auto after = o_.step_deadline.count() > 0 ? std::min(o_.dead_after, o_.step_deadline) : o_.dead_after;
+      comm_->set_peer_check(
+          [this, ids = decided](int r) {
+            const std::int64_t q = ids[static_cast<std::size_t>(r)];
+            return alive(q) && !lagging(q);
+          },
+          after, o_.heartbeat_interval);
+      {
+        const std::lock_guard lk(alive_mu_);
+        in_step_ = false; // the deadline counts from the next enter_step of this generation
+      }
       gen_ = t;
       rank_ = rank;
       members_ = std::move(decided);
@@ -388,7 +450,10 @@ private:
   std::size_t queue_seen_ = 0;
   std::map<std::int64_t, std::pair<std::string, clock::time_point>> seen_; // heartbeat value, when it changed
   std::uint64_t beats_ = 0;
-  std::mutex alive_mu_; // seen_
+  std::mutex alive_mu_; // seen_, entered_, entered_at_, in_step_
+  std::pair<std::uint64_t, std::uint64_t> entered_{0, 0}; // (generation, step) of the last enter_step
+  clock::time_point entered_at_{};
+  bool in_step_ = false;
   std::mutex hb_mu_;
   std::condition_variable hb_cv_;
   bool stop_ = false;

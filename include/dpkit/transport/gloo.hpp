@@ -346,9 +346,10 @@ public:
       alive = peer_check_;
     }
     if (alive(peer)) return false;
-    fail(where() + ": rank " + std::to_string(peer) + " is dead (the peer check: its heartbeat stopped for " +
+    fail(where() + ": rank " + std::to_string(peer) + " is dead (the peer check: its heartbeat stopped, or it did not "
+         "enter the step within the step deadline; checked after " +
          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(check_after_).count()) +
-         " ms): it failed, hangs, or is cut off by the network");
+         " ms of waiting): it failed, hangs, or is cut off by the network");
     return true;
   }
 
@@ -1101,9 +1102,31 @@ public:
   /// another call at this call's sequence number (naming both), and
   /// communicator_error when this transport failed; each failure first
   /// fails the transport (its peers' waits end too).
-  void shm_poll(int /*peer*/, int /*tag*/) {
+  /// The peer check (set_peer_check: an elastic group's heartbeats and
+  /// step deadline) runs here too, on `peer` once this wait for it has
+  /// lasted the check's `after`: a peer whose process lives but is stopped
+  /// (SIGSTOP) or stuck fails the transport instead of holding the wait to
+  /// its deadline.
+  void shm_poll(int peer, int tag) {
     st_->poll_node();
     health().check("shm", rank());
+    // one wait: the calls for the same peer and tag, each within 50 ms of the last
+    struct wait_track {
+      const void* transport = nullptr;
+      int peer = -1, tag = 0;
+      clock::time_point start{}, last{};
+    };
+    thread_local wait_track w;
+    const auto now = clock::now();
+    if (w.transport != this || w.peer != peer || w.tag != tag || now - w.last > std::chrono::milliseconds(50)) {
+      w.transport = this;
+      w.peer = peer;
+      w.tag = tag;
+      w.start = now;
+    }
+    w.last = now;
+    if (peer >= 0 && peer < size() && peer != rank() && st_->peer_dead(peer, now - w.start))
+      health().check("shm", rank()); // failed by the peer check: throws naming it
   }
 
   /// This rank's communication thread (runs *_async collectives in order).
