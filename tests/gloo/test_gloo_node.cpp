@@ -192,6 +192,32 @@ int worker(const std::string& url, int rank, int size, const std::string& mode) 
       std::cerr << "worker rank " << rank << ": no error\n";
       return 1;
     }
+    if (mode.rfind("stuck-", 0) == 0) {
+      // rank K stops taking part (its process lives, as a stuck elastic
+      // member's does) and the peer check says so: across virtual nodes
+      // (DPKIT_RANKS_PER_NODE=2) the hierarchy's parts must run the check
+      // too, so every other rank throws peer_error at once, not when K exits
+      const int stuck = std::atoi(mode.c_str() + 6);
+      comm.set_peer_check([stuck](int r) { return r != stuck; }, 100ms, 50ms);
+      std::vector<float> v(1 << 16, 1.0f);
+      dpkit::collective_options o;
+      o.timeout = 30s;
+      dpkit::allreduce(comm, v, dpkit::reduce_op::sum, dpkit::allreduce_policy{dpkit::algorithm::hierarchical}, o);
+      if (rank == stuck) {
+        std::this_thread::sleep_for(8s);
+        _exit(3);
+      }
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        dpkit::allreduce(comm, v, dpkit::reduce_op::sum, dpkit::allreduce_policy{dpkit::algorithm::hierarchical}, o);
+      } catch (const dpkit::error& e) {
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+        std::cerr << "worker rank " << rank << ": error after " << ms << " ms: " << e.what() << "\n";
+        return ms < 4000 ? 0 : 1;
+      }
+      std::cerr << "worker rank " << rank << ": no error\n";
+      return 1;
+    }
     std::cerr << "worker: unknown mode " << mode << "\n";
     return 2;
   } catch (const std::exception& e) {
@@ -259,6 +285,15 @@ TEST_CASE("gloo node: across virtual nodes (DPKIT_RANKS_PER_NODE) the hierarchy 
     const auto st = run_workers(dir.url("hier" + std::to_string(n)), n, "sums", {"DPKIT_RANKS_PER_NODE=2"});
     for (int r = 0; r < n; ++r) CHECK_MESSAGE(st[static_cast<std::size_t>(r)] == 0, "rank " << r);
   }
+}
+
+TEST_CASE("gloo node: across virtual nodes, a rank the peer check fails ends every wait, not only the top level's") {
+  temp_dir dir;
+  const auto st = run_workers(dir.url("stuck"), 4, "stuck-3", {"DPKIT_RANKS_PER_NODE=2"});
+  CHECK(st[0] == 0);
+  CHECK(st[1] == 0);
+  CHECK(st[2] == 0);
+  CHECK(st[3] == 3);
 }
 
 TEST_CASE("gloo node: a rank whose process dies in a shm all-reduce: the others throw peer_error at once") {

@@ -345,7 +345,15 @@ public:
       last = now;
       alive = peer_check_;
     }
-    if (alive(peer)) return false;
+    try {
+      if (alive(peer)) return false;
+    } catch (const std::exception& e) {
+      // the check itself failed (an elastic group's store is unreachable:
+      // this rank is cut off): it may run on the watchdog thread, where an
+      // exception would end the process; the transport fails instead
+      fail(where() + ": the peer check of rank " + std::to_string(peer) + " failed: " + e.what());
+      return true;
+    }
     fail(where() + ": rank " + std::to_string(peer) + " is dead (the peer check: its heartbeat stopped, or it did not "
          "enter the step within the step deadline; checked after " +
          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(check_after_).count()) +
@@ -960,6 +968,24 @@ public:
   /// removes the check.
   void set_peer_check(std::function<bool(int peer)> alive, std::chrono::milliseconds after,
                       std::chrono::milliseconds every) {
+    // The hierarchy's parts check the same peers, by their ranks here: a
+    // node leader waiting on a cut-off node in the cross-node stage waited
+    // for its deadline (an elastic group across 3 nodes, one partitioned
+    // off: 62 s, the step timeout, instead of dead_after)
+    if (node_ || cross_) {
+      std::vector<std::vector<int>> by_node(static_cast<std::size_t>(topo_.nodes()));
+      for (int r = 0; r < size(); ++r) by_node[static_cast<std::size_t>(topo_.node_of(r))].push_back(r);
+      const auto mapped = [&](std::vector<int> ranks) -> std::function<bool(int)> {
+        if (!alive) return {};
+        return [alive, ranks = std::move(ranks)](int r) { return alive(ranks[static_cast<std::size_t>(r)]); };
+      };
+      if (node_) node_->set_peer_check(mapped(by_node[static_cast<std::size_t>(topo_.node())]), after, every);
+      if (cross_) {
+        std::vector<int> ranks;
+        for (const auto& members : by_node) ranks.push_back(members[static_cast<std::size_t>(topo_.local_rank())]);
+        cross_->set_peer_check(mapped(std::move(ranks)), after, every);
+      }
+    }
     st_->set_peer_check(std::move(alive), after, every);
   }
 
