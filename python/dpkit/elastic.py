@@ -217,6 +217,7 @@ class HealInfo:
     epoch: int
     offset: int
     checksum: str
+    reason: str = ""  # the failure that made the group re-form ("" for a formation without one)
 
 
 class ElasticTrainer:
@@ -275,6 +276,7 @@ class ElasticTrainer:
         self.sampler: Any = None
         self.last_heal: Optional[HealInfo] = None
         self._k = 0  # steps of the sampler since its start
+        self._reason = ""  # why the group is being re-formed (HealInfo.reason)
         self._has_state = group.first_generation == 0
         self._heal_until_done()
 
@@ -308,7 +310,8 @@ class ElasticTrainer:
         try:
             self.group.enter_step(self.step_count)
             self._average_gradients()
-        except Error:
+        except Error as e:
+            self._reason = f"{type(e).__name__}: {e}"
             self._recover()
             return None
         self.optimizer.step()
@@ -321,7 +324,8 @@ class ElasticTrainer:
             try:
                 if self.group.admit_joiners():
                     self._heal_until_done()
-            except Error:
+            except Error as e:
+                self._reason = f"{type(e).__name__}: {e}"
                 self._recover()
         return loss.detach()
 
@@ -368,7 +372,8 @@ class ElasticTrainer:
                 return
             except NoStateError:
                 raise
-            except Error:
+            except Error as e:
+                self._reason = f"{type(e).__name__} during a heal: {e}"
                 self.group.rebuild()
 
     def _state_bytes(self) -> bytes:
@@ -423,7 +428,8 @@ class ElasticTrainer:
         self._k = 0
         self._reshard()
         self.last_heal = HealInfo(g.generation, rank, world, src, g.members, self.step_count, self.epoch,
-                                  self.offset, state_checksum(self.module))
+                                  self.offset, state_checksum(self.module), self._reason)
+        self._reason = ""
         if self.on_heal is not None:
             self.on_heal(self.last_heal)
 
