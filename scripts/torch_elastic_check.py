@@ -143,8 +143,18 @@ def main():
         t = max(float(r[0]) for r in recs if r[1] == "F" and r[2] == str(i))
         wait_for("a step applied after id %d failed" % i, lambda rs: applied_after(rs, t))
 
+    def finish_epoch(ids):
+        # the members `ids` run to the end of the epoch and exit 0
+        for i in ids:
+            try:
+                procs[i].wait(timeout=max(1.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                fail("id %d did not finish the epoch" % i)
+            if procs[i].returncode != 0:
+                fail("id %d exited with %d" % (i, procs[i].returncode))
+
     if args.scenario == "stuck":
-        run_stuck(args, start, procs, wait_for, read_logs, fail, applied_after, control, deadline)
+        run_stuck(args, start, procs, wait_for, read_logs, fail, applied_after, control, finish_epoch)
         return
 
     # Generation 0: ids 1, 2, 3. Failures: during a collective (2), during a
@@ -169,13 +179,7 @@ def main():
     start(0)
     wait_for("id 0 to join", lambda rs: any(r[1] == "J" and r[3] == "0" for r in rs))
     os.remove(os.path.join(control, "pace"))
-    for i in (4, 0):
-        try:
-            procs[i].wait(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            fail("id %d did not finish the epoch" % i)
-        if procs[i].returncode != 0:
-            fail("id %d exited with %d" % (i, procs[i].returncode))
+    finish_epoch((4, 0))
     for i in (1, 2, 3, 5):
         procs[i].wait(timeout=10)
         if procs[i].returncode != 3:
@@ -198,7 +202,7 @@ def main():
     print("PASS")
 
 
-def run_stuck(args, start, procs, wait_for, read_logs, fail, applied_after, control, deadline):
+def run_stuck(args, start, procs, wait_for, read_logs, fail, applied_after, control, finish_epoch):
     """Ids 1, 2, 3 with a step deadline: id 2's main thread sleeps 8 s in a
     step (its heartbeat alive), then id 3 is stopped with SIGSTOP (its
     heartbeat too) for 4 s. Each time the others must apply a step within
@@ -241,13 +245,7 @@ def run_stuck(args, start, procs, wait_for, read_logs, fail, applied_after, cont
     os.kill(procs[3].pid, signal.SIGCONT)
     came_back(3, t3 + 4)
     os.remove(os.path.join(control, "pace"))
-    for i in (1, 2, 3):
-        try:
-            procs[i].wait(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            fail("id %d did not finish the epoch" % i)
-        if procs[i].returncode != 0:
-            fail("id %d exited with %d" % (i, procs[i].returncode))
+    finish_epoch((1, 2, 3))
     recs = read_logs()
     check(recs, fail, injected=False)
     D = [r for r in recs if r[1] == "D"]

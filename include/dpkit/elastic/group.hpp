@@ -303,7 +303,9 @@ private:
     if (!v) return true; // never entered a step: behind by definition
     const std::string str(v->begin(), v->end());
     const auto sp = str.find(' ');
-    if (sp == std::string::npos) number(k, str); // throws format_error naming it
+    if (sp == std::string::npos)
+      throw format_error(store_->where() + ": key '" + k + "' holds '" + str +
+                         "', not '<generation> <step>' (a damaged store, or keys of something else under its prefix)");
     const auto theirs = std::make_pair(static_cast<std::uint64_t>(number(k, str.substr(0, sp))),
                                        static_cast<std::uint64_t>(number(k, str.substr(sp + 1))));
     return theirs < mine;
