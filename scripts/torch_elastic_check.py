@@ -158,10 +158,10 @@ def main():
         return
 
     # Generation 0: ids 1, 2, 3. Failures: during a collective (2), during a
-    # join (5), before a collective (3), after one, the master (1); joiners 4
-    # and 0 must receive the state. Id 0 joins last with the lowest id: it is
-    # rank 0 of its generation without a state, so the state must come from
-    # rank 1.
+    # join (5), before a collective (3), after one, the master (1); joiners 4,
+    # 0 and 6 must receive the state. Ids 0 and 6 join last, together; id 0
+    # has the lowest id: it is rank 0 of its generation without a state, so
+    # the state must come from id 4.
     for i in (1, 2, 3):
         start(i)
     wait_for("two steps of generation 0", lambda rs: sum(1 for r in rs if r[1] == "A" and r[2] == "0") >= 6)
@@ -176,10 +176,13 @@ def main():
     wait_for("a step applied after id 5 failed", lambda rs: applied_after(rs, t5))
     inject(3, "before")
     inject(1, "after")
+    # Two joiners at once: id 0 (the lowest id of all, so rank 0 without a
+    # state) and id 6 start together and must both be healed from id 4.
     start(0)
-    wait_for("id 0 to join", lambda rs: any(r[1] == "J" and r[3] == "0" for r in rs))
+    start(6)
+    wait_for("ids 0 and 6 to join", lambda rs: all(any(r[1] == "J" and r[3] == i for r in rs) for i in ("0", "6")))
     os.remove(os.path.join(control, "pace"))
-    finish_epoch((4, 0))
+    finish_epoch((4, 0, 6))
     for i in (1, 2, 3, 5):
         procs[i].wait(timeout=10)
         if procs[i].returncode != 3:
@@ -344,11 +347,16 @@ def check(recs, fail, injected=True):
         print("id %s failed (%s, step %s): healed %.2f s later, next step applied %.2f s later" %
               (r[2], r[3], r[4], healed - t, nxt - t))
     # Joiners got the state and their position.
-    for ident in ((4, 0) if injected else ()):
+    for ident in ((4, 0, 6) if injected else ()):
         if not any(ident in h["ids"] for h in heal.values()):
             fail("id %s never healed" % ident)
-    # The survivors end equal (the test's scenario: exactly ids 4 and 0 finish).
-    if (injected and len(D) != 2) or not D or len({r[5] for r in D}) != 1:
+    if injected:
+        both = [g for g in gens if {0, 6} <= heal[g]["ids"] and not any(
+            {0, 6} & heal[g2]["ids"] for g2 in gens if g2 < g)]
+        print("ids 0 and 6 (started together) joined %s" %
+              ("in one generation (%d)" % both[0] if both else "in two generations"))
+    # The survivors end equal (the test's scenario: exactly ids 4, 0 and 6 finish).
+    if (injected and len(D) != 3) or not D or len({r[5] for r in D}) != 1:
         fail("finish lines %s" % D)
     print("%d generations healed, %d steps counted, %d samples each trained once, final checksum %s" %
           (len(gens), counted, N_SAMPLES, D[0][5]))

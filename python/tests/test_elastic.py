@@ -1,8 +1,8 @@
 """dpkit.elastic from Python (docs/python.md, "Elastic training"): members
 of an ElasticTrainer over a file store end themselves at each failure point
 (during a step's all-reduce, before a step, after one, while joining; the
-member with the lowest id among them) and processes join (one with the
-lowest id of all, which holds no state); scripts/torch_elastic_check.py
+member with the lowest id among them) and processes join (two at once, one
+of them with the lowest id of all, which holds no state); scripts/torch_elastic_check.py
 checks the logs against an independent account: equal state on every
 member after every heal, the healed state is one logged after the last step
 that counts, every sample of the epoch trained exactly once, a step applied
