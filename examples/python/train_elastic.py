@@ -85,6 +85,9 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--heartbeat", type=float, default=0.2, help="seconds between heartbeats")
     ap.add_argument("--dead-after", type=float, default=2.0, help="seconds without a heartbeat: dead")
+    ap.add_argument("--announce-wait", type=float, default=0.0,
+                    help="seconds a re-formation waits for live members of the last generation to take part "
+                         "(default: 4 x --dead-after; see ElasticGroup)")
     ap.add_argument("--step-deadline", type=float, default=0.0, help="seconds (0: off); see ElasticGroup")
     ap.add_argument("--step-timeout", type=float, default=60.0, help="each collective's deadline (s)")
     ap.add_argument("--no-majority", action="store_true", help="re-form without a majority of the last generation")
@@ -111,7 +114,7 @@ def main():
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     group = dpkit.elastic.ElasticGroup(args.store, ident, first_size=args.first_size,
                                        heartbeat_interval=args.heartbeat, dead_after=args.dead_after,
-                                       announce_wait=4 * args.dead_after, majority=not args.no_majority,
+                                       announce_wait=args.announce_wait or 4 * args.dead_after, majority=not args.no_majority,
                                        step_timeout=args.step_timeout, step_deadline=args.step_deadline or None)
 
     def on_heal(h):
