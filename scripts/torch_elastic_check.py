@@ -54,6 +54,10 @@ def main():
                          "--python-worker): a member sleeps in its step with its heartbeat alive, another is "
                          "stopped with SIGSTOP; both must be expelled within the step deadline and come back")
     ap.add_argument("--step-deadline", type=float, default=2.0, help="--scenario stuck: the group's step deadline (s)")
+    ap.add_argument("--sampler", choices=("token-budget", "distributed"), default="token-budget",
+                    help="with --python-worker: the members' sampler (distributed: dpkit.DistributedSampler, "
+                         "--batch-size samples per member per step)")
+    ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--check-only", action="store_true", help="check the logs of an earlier run in --workdir")
     ap.add_argument("--external-failures", action="store_true",
                     help="with --check-only: the failures came from outside (processes killed), not from --control, "
@@ -88,6 +92,8 @@ def main():
                                               "--logs", logs, "--control", control]
             if args.scenario == "stuck":
                 cmd += ["--step-deadline", str(args.step_deadline)]
+            if args.sampler == "distributed":
+                cmd += ["--sampler", "distributed", "--batch-size", str(args.batch_size)]
             out = open(os.path.join(wd, "out.%d.txt" % i), "w")
             procs[i] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
             return
@@ -188,7 +194,7 @@ def main():
         if procs[i].returncode != 3:
             fail("id %d exited with %d, expected its injected _exit(3)" % (i, procs[i].returncode))
 
-    check(read_logs(), fail)
+    check(read_logs(), fail, unit=args.batch_size if args.sampler == "distributed" else 1)
 
     # A process that arrives when every process holding the state is gone
     # forms a generation alone and cannot be healed: it must fail with an
@@ -263,7 +269,10 @@ def run_stuck(args, start, procs, wait_for, read_logs, fail, applied_after, cont
     print("PASS")
 
 
-def check(recs, fail, injected=True):
+def check(recs, fail, injected=True, unit=1):
+    """unit: global positions one rank's step takes (1: a batch of the
+    token-budget sampler's sequence; B: B samples of a DistributedSampler,
+    whose logged position is the rank's first sample's)."""
     J = [r for r in recs if r[1] == "J"]
     S = [r for r in recs if r[1] == "S"]
     A = [r for r in recs if r[1] == "A"]
@@ -316,7 +325,7 @@ def check(recs, fail, injected=True):
                 fail("generation %d step %d: sample lines of ranks %s, world %d" % (g, s, ranks, h["world"]))
             for r in lines:
                 pos, rank, pad = int(r[5]), int(r[6]), r[7] == "1"
-                want = h["offset"] + (s - h["step"]) * h["world"] + rank
+                want = h["offset"] + (s - h["step"]) * h["world"] * unit + rank
                 if pos != want:
                     fail("generation %d step %d rank %d: position %d, expected %d" % (g, s, rank, pos, want))
                 if not pad:

@@ -228,9 +228,18 @@ class ElasticTrainer:
     ``module``, ``optimizer`` (any ``torch.optim`` optimizer over its
     parameters) and ``scheduler`` (optional, any with state_dict) are used as
     they are. ``make_sampler(num_replicas, rank)`` returns this member's
-    elastic :class:`dpkit.TokenBudgetBatchSampler` (``elastic=True``: one
-    global batch sequence whatever the world size); it is called again after
-    every heal. ``extra_state``: a dict of picklable objects healed with the
+    sampler; it is called again after every heal. Either an elastic
+    :class:`dpkit.TokenBudgetBatchSampler` (``elastic=True``: one global
+    batch sequence whatever the world size; a step is one of its batches),
+    or a :class:`dpkit.DistributedSampler` (torch's order; a step is
+    ``batch_size`` of its samples per member, so a step consumes
+    ``batch_size x world size`` positions of the epoch's global sequence and
+    the offset after a heal is valid on any world size). With the
+    DistributedSampler, positions past the dataset's end (torch's padding
+    duplicates, or a rank's missing last sample under ``exactly_once``) are
+    not trained: a member's batch holds its real samples only, and a member
+    left without one trains a duplicate with its loss times 0, so every
+    member takes part in every step and each sample counts once. ``extra_state``: a dict of picklable objects healed with the
     rest (e.g. the loss curve); the RNG states of torch and ``random`` are
     healed too.
 
@@ -263,9 +272,12 @@ class ElasticTrainer:
                  make_sampler: Callable[[int, int], Any], *, scheduler: Any = None,
                  bucket_bytes: int = 25 << 20, admit_every: int = 1,
                  on_heal: Optional[Callable[[HealInfo], None]] = None,
-                 extra_state: Optional[Dict[str, Any]] = None):
+                 extra_state: Optional[Dict[str, Any]] = None, batch_size: Optional[int] = None):
         self.group, self.module, self.optimizer, self.scheduler = group, module, optimizer, scheduler
         self.make_sampler = make_sampler
+        if batch_size is not None and int(batch_size) < 1:
+            raise _core.InvalidArgument(f"ElasticTrainer: batch_size must be >= 1, got {batch_size}")
+        self.batch_size = None if batch_size is None else int(batch_size)
         self.bucket_bytes = int(bucket_bytes)
         self.admit_every = int(admit_every)
         self.on_heal = on_heal
@@ -437,11 +449,73 @@ class ElasticTrainer:
         """This member's sampler for the current world size and rank at
         (epoch, offset); an offset past the epoch's plan (it ended on
         padding positions) is the epoch's end."""
-        self.sampler = s = self.make_sampler(self.group.size, self.group.rank)
+        s = self.make_sampler(self.group.size, self.group.rank)
+        from .samplers import DistributedSampler, TokenBudgetBatchSampler
+        if isinstance(s, DistributedSampler):
+            if self.batch_size is None:
+                raise _core.InvalidArgument("ElasticTrainer: make_sampler returned a DistributedSampler: "
+                                            "batch_size (samples per member per step) is required")
+            if (s.num_replicas, s.rank) != (self.group.size, self.group.rank):
+                raise _core.InvalidArgument(
+                    f"ElasticTrainer: make_sampler({self.group.size}, {self.group.rank}) returned a sampler for "
+                    f"rank {s.rank} of {s.num_replicas}")
+            s = _SampleSteps(s, self.batch_size)
+        elif not isinstance(s, TokenBudgetBatchSampler):
+            raise _core.InvalidArgument(f"ElasticTrainer: make_sampler returned a {type(s).__name__}; a "
+                                        "dpkit.TokenBudgetBatchSampler (elastic=True) or dpkit.DistributedSampler "
+                                        "is needed")
+        self.sampler = s
         s.load_state_dict({"epoch": self.epoch, "offset": 0})
         off = min(self.offset, s.total_batches)
         s.load_state_dict({"epoch": self.epoch, "offset": off})
         self._k = 0
+
+
+class _SampleSteps:
+    """ElasticTrainer's steps over a dpkit.DistributedSampler: step k of this
+    rank is its samples k*batch_size .. (k+1)*batch_size - 1 from the current
+    start, i.e. the global positions start + j*world + rank (torch's
+    deal) for those j; positions at or past the dataset's end are padding.
+    Offsets are global sample positions (the sampler's state_dict)."""
+
+    def __init__(self, sampler: Any, batch_size: int):
+        self.s, self.b = sampler, batch_size
+        self.world, self.rank, self.n = sampler.num_replicas, sampler.rank, sampler.dataset_size
+        self.start = 0
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.s.load_state_dict(state)
+        self.start = int(state["offset"])
+
+    @property
+    def total_batches(self) -> int:
+        return self.n  # offsets are sample positions: the epoch's end is N
+
+    def _per_rank(self) -> int:
+        # every rank the same number of steps: the most samples any rank reads
+        rem = max(0, self.n - self.start)
+        return rem // self.world if self.s.drop_last else -(-rem // self.world)
+
+    def __len__(self) -> int:
+        return -(-self._per_rank() // self.b)
+
+    def _real(self, k: int) -> List[int]:
+        rem = self.n - self.start
+        hi = min((k + 1) * self.b, self._per_rank(), len(self.s))
+        return [j for j in range(k * self.b, hi) if j * self.world + self.rank < rem]
+
+    def batch(self, k: int) -> List[int]:
+        real = self._real(k)
+        if real:
+            return [self.s[j] for j in real]
+        return [self.s[0] if len(self.s) else 0]  # a duplicate, trained with its loss times 0
+
+    def is_padding(self, k: int) -> bool:
+        return not self._real(k)
+
+    def state_dict(self, steps_done: int) -> Dict[str, Any]:
+        return {"epoch": self.s.epoch,
+                "offset": min(self.start + steps_done * self.b * self.world, self.n)}
 
 
 class NoStateError(_core.Error):

@@ -19,7 +19,9 @@ DIR/pace exists each step sleeps 100 ms. --step-deadline S sets the group's
 step deadline.
 
 The data: N_SAMPLES samples with lengths 1..15 and a budget of 32 tokens
-(every sample kept: oversize truncate), the model an embedding of the
+(every sample kept: oversize truncate), or with --sampler distributed
+dpkit.DistributedSampler (torch's order, --batch-size samples per member
+per step); the model an embedding of the
 sample id and a small MLP regressing a function of it.
 """
 import argparse
@@ -54,6 +56,8 @@ def main():
     ap.add_argument("--control", required=True)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--step-deadline", type=float, default=0.0)
+    ap.add_argument("--sampler", choices=("token-budget", "distributed"), default="token-budget")
+    ap.add_argument("--batch-size", type=int, default=4, help="--sampler distributed: samples per member per step")
     args = ap.parse_args()
     torch.set_num_threads(1)
     ident = args.id
@@ -80,6 +84,8 @@ def main():
     lengths = [1 + (i * 7919) % 15 for i in range(N_SAMPLES)]
 
     def make_sampler(world, rank):
+        if args.sampler == "distributed":
+            return dpkit.DistributedSampler(N_SAMPLES, world, rank, seed=5)
         return dpkit.TokenBudgetBatchSampler(lengths, 32, world, rank, max_sample_tokens=15, oversize="truncate",
                                              elastic=True, seed=5)
 
@@ -97,7 +103,8 @@ def main():
               "(from rank %d), shm %s" % (ident, h.generation, h.rank, h.world_size, h.step, h.epoch, h.offset,
                                           h.checksum, h.source, group.shm_messages), flush=True)
 
-    trainer = ElasticTrainer(group, model, opt, make_sampler, scheduler=sched, on_heal=on_heal)
+    trainer = ElasticTrainer(group, model, opt, make_sampler, scheduler=sched, on_heal=on_heal,
+                             batch_size=args.batch_size if args.sampler == "distributed" else None)
     flags = {"slept": False}
     while trainer.epoch < args.epochs:
         batch = trainer.next_batch()
