@@ -130,9 +130,12 @@ int worker(const std::string& url, int rank, int size, const std::string& mode) 
           return 1;
         }
         // within a node messages go through its segment, across nodes over TCP
-        if (comm.shm_messages() || (comm.node_transport()->size() > 1) != comm.node_transport()->shm_messages()) {
-          std::cerr << "worker rank " << rank << ": messages take the wrong way (top level "
-                    << comm.shm_messages() << ", node " << comm.node_transport()->shm_messages() << ")\n";
+        // (dpkit's own TCP connections, not Gloo's pairs)
+        if (comm.shm_messages() || (comm.node_transport()->size() > 1) != comm.node_transport()->shm_messages() ||
+            !comm.tcp_messages() || (comm.cross_transport() && !comm.cross_transport()->tcp_messages())) {
+          std::cerr << "worker rank " << rank << ": messages take the wrong way (top level shm "
+                    << comm.shm_messages() << " tcp " << comm.tcp_messages() << ", node shm "
+                    << comm.node_transport()->shm_messages() << ")\n";
           return 1;
         }
         for (auto a : {dpkit::algorithm::hierarchical, dpkit::algorithm::automatic})
@@ -159,9 +162,14 @@ int worker(const std::string& url, int rank, int size, const std::string& mode) 
         }
       return 0;
     }
-    if (mode == "tcp") { // DPKIT_SHM_BYTES=0: no segment, messages over TCP
+    if (mode == "tcp" || mode == "gloo-pairs") { // DPKIT_SHM_BYTES=0: no segment, messages over TCP
       if (comm.shm() || comm.shm_messages()) {
         std::cerr << "worker rank " << rank << ": DPKIT_SHM_BYTES=0, but a segment or shared-memory messages\n";
+        return 1;
+      }
+      // dpkit's own connections, or Gloo's pairs with DPKIT_TCP_P2P=0
+      if (comm.tcp_messages() != (mode == "tcp")) {
+        std::cerr << "worker rank " << rank << ": mode " << mode << ", but tcp_messages() is " << comm.tcp_messages() << "\n";
         return 1;
       }
       for (auto a : {dpkit::algorithm::ring, dpkit::algorithm::tree, dpkit::algorithm::automatic})
@@ -220,6 +228,9 @@ int worker(const std::string& url, int rank, int size, const std::string& mode) 
     }
     std::cerr << "worker: unknown mode " << mode << "\n";
     return 2;
+  } catch (const dpkit::invalid_argument& e) {
+    std::cerr << "worker rank " << rank << ": invalid_argument: " << e.what() << "\n";
+    return std::string(e.what()).find("DPKIT_TCP_P2P: expected 0") != std::string::npos ? 4 : 1;
   } catch (const std::exception& e) {
     std::cerr << "worker rank " << rank << ": " << e.what() << "\n";
     return 1;
@@ -321,6 +332,15 @@ TEST_CASE("gloo node: with DPKIT_SHM_BYTES=0 there is no segment and messages go
   temp_dir dir;
   const auto st = run_workers(dir.url("tcp"), 3, "tcp", {"DPKIT_SHM_BYTES=0"});
   for (int r = 0; r < 3; ++r) CHECK_MESSAGE(st[static_cast<std::size_t>(r)] == 0, "rank " << r);
+  // and over Gloo's pairs
+  const auto sg = run_workers(dir.url("gloo-pairs"), 3, "gloo-pairs", {"DPKIT_SHM_BYTES=0", "DPKIT_TCP_P2P=0"});
+  for (int r = 0; r < 3; ++r) CHECK_MESSAGE(sg[static_cast<std::size_t>(r)] == 0, "rank " << r);
+}
+
+TEST_CASE("gloo node: a malformed DPKIT_TCP_P2P is an invalid_argument naming it, before any rendezvous") {
+  temp_dir dir;
+  const auto st = run_workers(dir.url("badp2p"), 2, "tcp", {"DPKIT_SHM_BYTES=0", "DPKIT_TCP_P2P=yes"});
+  for (int r = 0; r < 2; ++r) CHECK_MESSAGE(st[static_cast<std::size_t>(r)] == 4, "rank " << r);
 }
 
 TEST_CASE("gloo node: a dead rank its launcher has not reaped yet (a zombie) is dead too") {

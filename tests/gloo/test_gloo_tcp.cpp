@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -485,4 +486,88 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "--tcp-worker") return tcp_worker(argc, argv);
   doctest::Context ctx(argc, argv);
   return ctx.run();
+}
+
+TEST_CASE("tcp p2p connections: a stranger that connects first is refused; the ranks connect and exchange messages") {
+  // rank 0 listens and publishes its address; a stranger (another job's
+  // rank with the wrong group) connects before rank 1 and sends its hello:
+  // rank 0 must drop it and take rank 1's connection, and the message
+  // between them arrive whole. Without the group check the stranger's
+  // socket would stand for rank 1 and the message never arrive.
+  char tmpl[] = "/tmp/dpkit-tcpp2p-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string url = std::string("file://") + tmpl;
+  std::string prefix;
+  std::shared_ptr<dpkit::detail::kv_store> store = dpkit::detail::open_kv_store(url, "test", 10s, prefix);
+  sockaddr_in lo{};
+  lo.sin_family = AF_INET;
+  lo.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_storage addr{};
+  std::memcpy(&addr, &lo, sizeof lo);
+  const auto due = dpkit::deadline_after(10s);
+  std::unique_ptr<dpkit::detail::tcp_p2p> e0, e1;
+  std::string err0, err1;
+  std::thread r0([&] {
+    try {
+      e0 = dpkit::detail::tcp_p2p_connect(*store, prefix + "/t", 0, 2, addr, sizeof lo, due, "rank 0");
+    } catch (const std::exception& e) {
+      err0 = e.what();
+    }
+  });
+  // the stranger: rank 1 of another group
+  const std::string v = dpkit::detail::store_get_until(*store, prefix + "/t/0", due, "stranger", "rank 0's address");
+  sockaddr_storage a0{};
+  socklen_t l0 = 0;
+  REQUIRE(dpkit::detail::tcp_detail::unhex(v, a0, l0));
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(::connect(s, reinterpret_cast<sockaddr*>(&a0), l0) == 0);
+  const dpkit::detail::tcp_detail::hello h{dpkit::detail::tcp_detail::hello_magic, 1, 2, 0, 12345};
+  REQUIRE(::send(s, &h, sizeof h, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof h));
+  std::this_thread::sleep_for(200ms);
+  std::thread r1([&] {
+    try {
+      e1 = dpkit::detail::tcp_p2p_connect(*store, prefix + "/t", 1, 2, addr, sizeof lo, due, "rank 1");
+    } catch (const std::exception& e) {
+      err1 = e.what();
+    }
+  });
+  r0.join();
+  r1.join();
+  ::close(s);
+  REQUIRE(err0 == "");
+  REQUIRE(err1 == "");
+  std::vector<std::byte> msg(100000), got(100000);
+  for (std::size_t i = 0; i < msg.size(); ++i) msg[i] = static_cast<std::byte>(i * 7);
+  auto rv = e1->post_recv(got.data(), got.size(), 0, 5);
+  auto sd = e0->post_send(msg.data(), msg.size(), 1, 5);
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while ((rv->state.load() == 0 || sd->state.load() == 0) && std::chrono::steady_clock::now() < until) {
+    e0->progress();
+    e1->progress();
+  }
+  CHECK(rv->state.load() == dpkit::detail::p2p_op::done);
+  CHECK(got == msg);
+  std::filesystem::remove_all(tmpl);
+}
+
+TEST_CASE("tcp p2p connections: a rank that never connects is a timeout_error naming it") {
+  char tmpl[] = "/tmp/dpkit-tcpp2p-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string url = std::string("file://") + tmpl;
+  std::string prefix;
+  std::shared_ptr<dpkit::detail::kv_store> store = dpkit::detail::open_kv_store(url, "test", 10s, prefix);
+  sockaddr_in lo{};
+  lo.sin_family = AF_INET;
+  lo.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_storage addr{};
+  std::memcpy(&addr, &lo, sizeof lo);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)dpkit::detail::tcp_p2p_connect(*store, prefix + "/t", 0, 3, addr, sizeof lo, dpkit::deadline_after(500ms), "rank 0");
+    FAIL("no timeout_error");
+  } catch (const dpkit::timeout_error& e) {
+    CHECK(std::string(e.what()).find("rank(s) 1, 2 did not connect") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  std::filesystem::remove_all(tmpl);
 }

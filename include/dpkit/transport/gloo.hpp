@@ -22,7 +22,16 @@
 /// every millisecond looks for a dead or mismatched peer (shm_poll's checks)
 /// against the deadline.
 ///
-/// Otherwise point-to-point requests are Gloo unbound buffers sent and received on a
+/// Between ranks that are not all on one node (the cross-node part of the
+/// hierarchy, a flat ring across nodes), they go over TCP connections of
+/// dpkit's own, one per pair, made through the same store next to Gloo's
+/// (detail/tcp_p2p.hpp: a message leaves at once with a 16-byte header, the
+/// waiting thread reads and writes the sockets itself and sleeps in ppoll;
+/// tcp_messages() says so): Gloo's unbound buffers below need a
+/// receiver-driven handshake and its event-loop thread for every message,
+/// 3-50x Open MPI's latency across nodes for messages below 128 KiB.
+///
+/// With DPKIT_TCP_P2P=0, point-to-point requests are Gloo unbound buffers sent and received on a
 /// slot (the dpkit tag): Gloo matches a pair's messages on one slot in posting
 /// order, as MPI matches a tag. Waits never call Gloo's own timed waits (a
 /// Gloo wait that times out closes every pair of its context): a request's
@@ -107,6 +116,18 @@ struct gloo_options {
 };
 
 namespace detail {
+
+/// Whether gloo_transport sends point-to-point messages that do not go
+/// through shared memory over dpkit's own TCP connections (tcp_p2p.hpp):
+/// DPKIT_TCP_P2P unset or "1"; "0" keeps Gloo's pairs (for comparison).
+/// @throws dpkit::invalid_argument for another value (naming it).
+inline bool tcp_p2p_enabled() {
+  const char* v = std::getenv("DPKIT_TCP_P2P");
+  if (!v || !*v || std::string(v) == "1") return true;
+  if (std::string(v) == "0") return false;
+  throw invalid_argument(std::string("DPKIT_TCP_P2P: expected 0 (Gloo's pairs) or 1 (dpkit's TCP connections), got '") +
+                         v + "'");
+}
 
 /// Gloo writes to sockets with writev, which raises SIGPIPE when the peer
 /// has gone; with the default action that kills the process instead of
@@ -227,7 +248,12 @@ public:
     if (!o.hostname.empty()) attr.hostname = o.hostname;
     else if (!iface.empty()) attr.iface = iface;
     try {
-      device_ = ::gloo::transport::tcp::CreateDevice(attr);
+      // resolved here (as CreateDevice does) so that dpkit's own TCP
+      // connections (tcp_p2p) listen on the address Gloo's pairs use
+      attr = ::gloo::transport::tcp::CreateDeviceAttr(attr);
+      std::memcpy(&addr_, &attr.ai_addr, sizeof addr_);
+      addr_len_ = static_cast<socklen_t>(attr.ai_addrlen);
+      device_ = std::make_shared<::gloo::transport::tcp::Device>(attr);
     } catch (const std::exception& e) {
       throw error(where + ": cannot open a TCP device on " +
                   (!o.hostname.empty() ? "host '" + o.hostname + "'"
@@ -269,11 +295,24 @@ public:
   /// starts the point-to-point engine on its area, if it has one.
   void set_segment(store_segment s) {
     segment_ = std::move(s);
-    if (segment_.p2p_area) p2p_ = std::make_unique<shm_p2p>(rank_, size_, segment_.p2p_area);
+    if (segment_.p2p_area) {
+      p2p_ = std::make_unique<shm_p2p>(rank_, size_, segment_.p2p_area);
+      p2p_shm_ = true;
+    }
   }
-  /// The shared-memory point-to-point engine (every rank on this node and
-  /// a segment mapped), or nullptr: messages then go over TCP.
-  shm_p2p* p2p() const noexcept { return p2p_.get(); }
+  /// Connects dpkit's own TCP connections to every other rank through the
+  /// attached store (a collective call of all ranks; tcp_p2p_connect) and
+  /// sends point-to-point messages over them instead of Gloo's pairs.
+  void connect_tcp(deadline due) {
+    p2p_ = tcp_p2p_connect(*store_, key_prefix_ + "/tcp", rank_, size_, addr_, addr_len_, due, where());
+    p2p_shm_ = false;
+  }
+  /// The point-to-point engine: the node's shared memory (every rank on
+  /// this node and a segment mapped), dpkit's TCP connections, or nullptr
+  /// (messages then go over Gloo's pairs).
+  p2p_engine* p2p() const noexcept { return p2p_.get(); }
+  /// Whether p2p() is the shared-memory engine.
+  bool p2p_shm() const noexcept { return p2p_ && p2p_shm_; }
   /// The number of this rank's earlier split() calls (then counts this one).
   std::uint64_t next_split() noexcept { return splits_++; }
 
@@ -367,7 +406,10 @@ public:
   void fail(const std::string& what) {
     health_.fail(what);
     if (segment_.view) segment_.view->abort_all(); // peers waiting on the segment stop too
-    if (p2p_) p2p_->fail_all("the transport failed (first failure: " + health_.failure() + ")");
+    if (p2p_) {
+      p2p_->fail_all("the transport failed (first failure: " + health_.failure() + ")");
+      p2p_->close(); // TCP: the peers' waits on this rank end at once
+    }
     abort_pending();
     if (!closed_.exchange(true) && ctx_) ctx_->closeConnections();
   }
@@ -515,6 +557,7 @@ public:
                            health_.failure() + ")");
         const std::string what = "gloo_transport: " + op.error;
         fail(what);
+        if (op.peer_lost) throw peer_error(what); // its connection closed or broke
         throw error(what);
       }
       default: return false;
@@ -789,7 +832,10 @@ private:
   std::chrono::milliseconds check_after_{0}, check_every_{0};
   std::vector<clock::time_point> last_check_;
   store_segment segment_; // unmapped after the connections are closed
-  std::unique_ptr<shm_p2p> p2p_; // on segment_'s area: destroyed before it is unmapped
+  std::unique_ptr<p2p_engine> p2p_; // shm: on segment_'s area, destroyed before it is unmapped
+  bool p2p_shm_ = false;
+  sockaddr_storage addr_{}; // this rank's address (Gloo's device's), for tcp_p2p
+  socklen_t addr_len_ = 0;
   std::atomic<clock::rep> last_zombie_check_{0}; // poll_node's last look for unreaped dead peers
 };
 
@@ -1002,7 +1048,7 @@ public:
   ///         dpkit::peer_error if the connection to peer is already broken.
   gloo_request isend(std::span<const std::byte> data, int peer, int tag) {
     check_peer(peer, "isend");
-    if (detail::shm_p2p* ch = st_->p2p()) {
+    if (detail::p2p_engine* ch = st_->p2p()) {
       post_check(true, peer, tag);
       return {ch->post_send(data.data(), data.size(), peer, tag), st_.get()};
     }
@@ -1016,7 +1062,7 @@ public:
   ///         dpkit::peer_error if the connection to peer is already broken.
   gloo_request irecv(std::span<std::byte> data, int peer, int tag) {
     check_peer(peer, "irecv");
-    if (detail::shm_p2p* ch = st_->p2p()) {
+    if (detail::p2p_engine* ch = st_->p2p()) {
       post_check(false, peer, tag);
       return {ch->post_recv(data.data(), data.size(), peer, tag), st_.get()};
     }
@@ -1119,7 +1165,12 @@ public:
   /// rank on one node, a segment mapped (not DPKIT_SHM_BYTES=0), more than
   /// one rank. In a hierarchy, node_transport()'s messages do and the
   /// top-level and cross transports' go over TCP.
-  bool shm_messages() const noexcept { return st_->p2p() != nullptr; }
+  bool shm_messages() const noexcept { return st_->p2p_shm(); }
+  /// True when this rank's point-to-point messages go over dpkit's own TCP
+  /// connections (detail/tcp_p2p.hpp: eager, driven by the waiting thread)
+  /// rather than Gloo's pairs: every group whose ranks are not all on one
+  /// node with a shared segment, unless DPKIT_TCP_P2P=0.
+  bool tcp_messages() const noexcept { return st_->p2p() && !st_->p2p_shm(); }
   /// Called by waits on the segment about every millisecond
   /// (shared_memory_transport): publishes this rank's current call, then
   /// throws peer_error when a rank of the node has ended (its process no
@@ -1179,6 +1230,7 @@ private:
     const deadline due = deadline_after(st_->options().timeout);
     const std::size_t slot = detail::shm_bytes_from_env(4u << 20);
     if (slot > 0) (void)detail::shm_p2p_cma_bytes(); // a malformed DPKIT_SHM_CMA(_BYTES) throws before any rendezvous
+    const bool own_tcp = detail::tcp_p2p_enabled();  // so does a malformed DPKIT_TCP_P2P
     auto& store = *st_->store();
     const std::string& prefix = st_->key_prefix();
     if (layout) topo_ = node_topology(*layout, rank());
@@ -1190,6 +1242,7 @@ private:
     st_->connect();
     if (size() > 1 && topo_.nodes() == 1 && slot > 0)
       st_->set_segment(detail::store_map_segment(store, prefix + "/shm", rank(), size(), slot, due, where, true));
+    if (size() > 1 && !st_->p2p() && own_tcp) st_->connect_tcp(due);
     if (!topo_.hierarchical()) return;
     gloo_options o = st_->options();
     o.prefix.clear();

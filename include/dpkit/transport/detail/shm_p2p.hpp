@@ -44,6 +44,7 @@
 #pragma once
 
 #include "../../core/errors.hpp"
+#include "p2p_engine.hpp"
 #include "shm_segment.hpp"
 
 #include <algorithm>
@@ -187,31 +188,13 @@ inline std::size_t shm_p2p_area_bytes(int size) noexcept {
   return (bytes + 4095) / 4096 * 4096;
 }
 
-/// One pending send or receive over shared memory and its outcome.
-struct shm_p2p_op {
-  enum state_t { pending, done, failed };
-  bool is_send = false;
-  int peer = -1;
-  int tag = 0;
-  std::byte* data = nullptr;
-  std::size_t bytes = 0;
-  std::size_t moved = 0;  // bytes copied into the ring (send) or out of it (receive)
-  bool started = false;   // send: its first fragment (or its request to send) is in the ring
-  std::uint64_t id = 0;   // send by request to send: its id on this pair
-  std::atomic<int> state{pending};
-  std::string error;      // failed: why (set before state)
-  /// "send to rank P (tag T, N bytes)" from rank `rank`'s side.
-  std::string describe(int rank) const {
-    return "rank " + std::to_string(rank) + ": " + (is_send ? "send to" : "receive from") + " rank " +
-           std::to_string(peer) + " (tag " + std::to_string(tag) + ", " + std::to_string(bytes) +
-           " bytes, shared memory)";
-  }
-};
+/// One pending send or receive over shared memory (p2p_engine.hpp).
+using shm_p2p_op = p2p_op;
 
 /// The point-to-point engine of one rank over the area (see the file
 /// comment). Thread-safe: one mutex guards its queues (a rank's user thread
 /// and its communication thread may both wait).
-class shm_p2p {
+class shm_p2p final : public p2p_engine {
 public:
   /// Rank `rank` of `size` on the area at `area` (shm_p2p_area_bytes(size)
   /// bytes, 64-byte aligned, zero-filled by its creator); messages of at
@@ -274,11 +257,12 @@ public:
   shm_p2p& operator=(const shm_p2p&) = delete;
 
   int rank() const noexcept { return rank_; }
+  const char* medium() const noexcept override { return "shared memory"; }
   int size() const noexcept { return size_; }
 
   /// Queues a send of `bytes` at `data` to `peer` with `tag` and copies as
   /// much of it into the ring as fits now (a small message leaves at once).
-  std::shared_ptr<shm_p2p_op> post_send(const std::byte* data, std::size_t bytes, int peer, int tag) {
+  std::shared_ptr<shm_p2p_op> post_send(const std::byte* data, std::size_t bytes, int peer, int tag) override {
     auto op = make(true, const_cast<std::byte*>(data), bytes, peer, tag);
     std::lock_guard lk(mu_);
     out_[static_cast<std::size_t>(peer)].push_back(op);
@@ -288,7 +272,7 @@ public:
   /// Posts a receive of exactly `bytes` into `data` from `peer` with `tag`:
   /// takes an unexpected message of that tag that arrived earlier (the
   /// oldest), else waits for the next one.
-  std::shared_ptr<shm_p2p_op> post_recv(std::byte* data, std::size_t bytes, int peer, int tag) {
+  std::shared_ptr<shm_p2p_op> post_recv(std::byte* data, std::size_t bytes, int peer, int tag) override {
     auto op = make(false, data, bytes, peer, tag);
     std::lock_guard lk(mu_);
     incoming& s = in_[static_cast<std::size_t>(peer)];
@@ -332,7 +316,7 @@ public:
   /// Moves what can move: drains every incoming ring (into posted receives
   /// or unexpected buffers) and fills every outgoing ring from the queued
   /// sends. Returns true when anything moved.
-  bool progress() {
+  bool progress() override {
     std::lock_guard lk(mu_);
     bool moved = false;
     for (int p = 0; p < size_; ++p) {
@@ -345,7 +329,7 @@ public:
 
   /// Sleeps on this rank's doorbell for at most `us` microseconds unless a
   /// ring has something for this rank now (callers re-check afterwards).
-  void sleep(long us) {
+  void sleep(long us) override {
     shm_p2p_bell& b = bell(rank_);
     b.sleepers.fetch_add(1, std::memory_order_seq_cst);
     const std::uint32_t v = b.ring.load(std::memory_order_seq_cst);
@@ -355,7 +339,7 @@ public:
 
   /// The tag of a message from `peer` that arrived unreceived and belongs to
   /// another collective at the sequence number of `tag` (foreign_tag), or 0.
-  int foreign_message(int peer, int tag) {
+  int foreign_message(int peer, int tag) override {
     std::lock_guard lk(mu_);
     for (const auto& u : in_[static_cast<std::size_t>(peer)].early)
       if (foreign_tag(tag, u->tag)) return u->tag;
@@ -365,7 +349,7 @@ public:
   /// Withdraws `op` if it is still pending (its buffer is never touched
   /// afterwards). Returns true when it was pending (the caller fails the
   /// transport: a half-sent message cannot be taken back).
-  bool withdraw(shm_p2p_op& op) {
+  bool withdraw(shm_p2p_op& op) override {
     std::lock_guard lk(mu_);
     if (op.state.load(std::memory_order_acquire) != shm_p2p_op::pending) return false;
     const auto p = static_cast<std::size_t>(op.peer);
@@ -388,7 +372,7 @@ public:
 
   /// Fails every pending operation with `why` (the transport failed): their
   /// waits end, and no buffer of theirs is touched afterwards.
-  void fail_all(const std::string& why) {
+  void fail_all(const std::string& why) override {
     std::lock_guard lk(mu_);
     fail_unlocked_all(why);
   }

@@ -33,8 +33,12 @@
 #include "shm_mapping.hpp"
 #include "shm_p2p.hpp"
 #include "shm_segment.hpp"
+#include "tcp_p2p.hpp"
 
 #include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -50,6 +54,8 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace dpkit::detail {
@@ -280,6 +286,163 @@ inline store_segment store_map_segment(kv_store& store, const std::string& prefi
   const std::string done = store_get_until(store, done_key, due, where, "local rank 0's outcome of the shared segment");
   if (done != "ok") throw error(where + ": the node's shared segment: " + (done.empty() ? done : done.substr(1)));
   return s;
+}
+
+namespace tcp_detail {
+// A socket closed at scope exit unless released.
+struct unique_fd {
+  int fd = -1;
+  explicit unique_fd(int f = -1) : fd(f) {}
+  unique_fd(const unique_fd&) = delete;
+  unique_fd& operator=(const unique_fd&) = delete;
+  ~unique_fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  int release() noexcept { return std::exchange(fd, -1); }
+};
+inline std::string hex(const void* p, std::size_t n) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto b = static_cast<const unsigned char*>(p)[i];
+    s += d[b >> 4];
+    s += d[b & 15];
+  }
+  return s;
+}
+inline bool unhex(const std::string& s, sockaddr_storage& a, socklen_t& len) {
+  if (s.size() % 2 || s.size() / 2 > sizeof a || s.size() < 4) return false;
+  auto v = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+  std::memset(&a, 0, sizeof a);
+  for (std::size_t i = 0; i < s.size() / 2; ++i) {
+    const int hi = v(s[2 * i]), lo = v(s[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    reinterpret_cast<unsigned char*>(&a)[i] = static_cast<unsigned char>(hi << 4 | lo);
+  }
+  len = static_cast<socklen_t>(s.size() / 2);
+  return a.ss_family == AF_INET || a.ss_family == AF_INET6;
+}
+// Milliseconds left until `due`, rounded up, at least 0.
+inline int ms_left(deadline due) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(due - clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
+}
+// Moves n bytes through fd (non-blocking) before `due`; false when the
+// connection closed or broke or the deadline passed.
+inline bool io_until(int fd, void* buf, std::size_t n, bool out, deadline due) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t r = out ? ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) : ::recv(fd, p, n, MSG_DONTWAIT);
+    if (r > 0) {
+      p += r;
+      n -= static_cast<std::size_t>(r);
+      continue;
+    }
+    if (r == 0) return false;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    pollfd f{fd, static_cast<short>(out ? POLLOUT : POLLIN), 0};
+    const int left = ms_left(due);
+    if (left == 0 || ::poll(&f, 1, left) == 0) return false;
+  }
+  return true;
+}
+// The first message on a connection: who connects, to which group.
+struct hello {
+  std::uint32_t magic;
+  std::int32_t rank, size;
+  std::uint32_t pad;
+  std::uint64_t group; // hash of the store and key prefix
+};
+inline constexpr std::uint32_t hello_magic = 0x64704831u; // "dpH1"
+} // namespace tcp_detail
+
+/// Connects rank `rank` of `size` to every other rank over TCP for the
+/// point-to-point engine tcp_p2p (tcp_p2p.hpp): listens on `addr` (the
+/// address Gloo's device of this rank uses; any port), publishes it under
+/// `prefix`/RANK in `store`, connects to each lower rank's address and
+/// accepts a connection from each higher rank. A connection's first bytes
+/// name the group (a hash of the store and the key prefix) and the rank: a
+/// connection of another job, or of a stale rank, is refused and the wait
+/// goes on. Sockets are created close-on-exec.
+/// @throws dpkit::timeout_error when the connections are not all made by
+///         `due` (naming the ranks missing); dpkit::error when this rank
+///         cannot listen or a published address is malformed.
+inline std::unique_ptr<tcp_p2p> tcp_p2p_connect(kv_store& store, const std::string& prefix, int rank, int size,
+                                                const sockaddr_storage& addr, socklen_t addr_len, deadline due,
+                                                const std::string& where) {
+  using namespace tcp_detail;
+  const std::string what = where + ": dpkit's TCP connections";
+  sockaddr_storage a = addr;
+  socklen_t len = addr_len;
+  if (a.ss_family == AF_INET) reinterpret_cast<sockaddr_in&>(a).sin_port = 0;
+  else if (a.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6&>(a).sin6_port = 0;
+  else throw error(what + ": the address of this rank has family " + std::to_string(a.ss_family) + ", not IPv4 or IPv6");
+  unique_fd lfd(::socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (lfd.fd < 0) throw error(what + ": socket(): " + std::strerror(errno));
+  if (::bind(lfd.fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(lfd.fd, size) != 0 ||
+      ::getsockname(lfd.fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw error(what + ": cannot listen on this rank's address: " + std::strerror(errno));
+  store_set(store, prefix + "/" + std::to_string(rank), hex(&a, len), where);
+  std::uint64_t group = 1469598103934665603ull;
+  for (char c : store.where() + "|" + prefix + "|" + std::to_string(size)) group = (group ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+
+  std::vector<unique_fd> fds(static_cast<std::size_t>(size));
+  for (int p = 0; p < rank; ++p) {
+    const std::string v = store_get_until(store, prefix + "/" + std::to_string(p), due, where,
+                                          "rank " + std::to_string(p) + "'s TCP address");
+    sockaddr_storage pa{};
+    socklen_t plen = 0;
+    if (!unhex(v, pa, plen))
+      throw error(what + ": rank " + std::to_string(p) + "'s address in " + store.where() + " is malformed: '" + v + "'");
+    for (;;) {
+      unique_fd fd(::socket(pa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+      if (fd.fd < 0) throw error(what + ": socket(): " + std::strerror(errno));
+      int rc = ::connect(fd.fd, reinterpret_cast<sockaddr*>(&pa), plen);
+      int err = rc == 0 ? 0 : errno;
+      if (err == EINPROGRESS) {
+        pollfd f{fd.fd, POLLOUT, 0};
+        const int left = ms_left(due);
+        if (left == 0 || ::poll(&f, 1, left) <= 0) err = ETIMEDOUT;
+        else {
+          socklen_t el = sizeof err;
+          if (::getsockopt(fd.fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+        }
+      }
+      hello h{hello_magic, rank, size, 0, group};
+      if (err == 0 && io_until(fd.fd, &h, sizeof h, true, due)) {
+        fds[static_cast<std::size_t>(p)].fd = fd.release();
+        break;
+      }
+      if (clock::now() >= due || (err != ECONNREFUSED && err != 0 && err != ECONNRESET))
+        throw timeout_error(what + ": could not connect to rank " + std::to_string(p) + " at the address it published (" +
+                            std::strerror(err ? err : ETIMEDOUT) + ") before the deadline");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  for (int expected = size - 1 - rank; expected > 0;) {
+    pollfd f{lfd.fd, POLLIN, 0};
+    const int left = ms_left(due);
+    if (left == 0 || ::poll(&f, 1, left) <= 0) {
+      std::string missing;
+      for (int p = rank + 1; p < size; ++p)
+        if (fds[static_cast<std::size_t>(p)].fd < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+      throw timeout_error(what + ": rank(s) " + missing + " did not connect to this rank before the deadline");
+    }
+    unique_fd fd(::accept4(lfd.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (fd.fd < 0) continue;
+    hello h{};
+    // a stranger (another job's rank, a port scanner) is dropped; at most 1 s each
+    if (!io_until(fd.fd, &h, sizeof h, false, std::min(due, clock::now() + std::chrono::seconds(1)))) continue;
+    if (h.magic != hello_magic || h.group != group || h.size != size || h.rank <= rank || h.rank >= size ||
+        fds[static_cast<std::size_t>(h.rank)].fd >= 0)
+      continue;
+    fds[static_cast<std::size_t>(h.rank)].fd = fd.release();
+    --expected;
+  }
+  std::vector<int> raw(static_cast<std::size_t>(size), -1);
+  for (int p = 0; p < size; ++p) raw[static_cast<std::size_t>(p)] = fds[static_cast<std::size_t>(p)].release();
+  return std::make_unique<tcp_p2p>(rank, size, std::move(raw));
 }
 
 } // namespace dpkit::detail
