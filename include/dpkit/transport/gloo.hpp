@@ -544,8 +544,8 @@ public:
   ///         op itself failed (a receive whose length differs from its send's,
   ///         a damaged ring): the transport is then failed.
   void wait_p2p(shm_p2p_op& op, deadline d) {
-    const int spins = shm_spin_count(size_);
-    const unsigned yields = shm_yield_polls();
+    const int spins = p2p_->spin_polls(shm_spin_count(size_));
+    const unsigned yields = p2p_->yield_polls(shm_yield_polls());
     clock::time_point start{}, next_check{};
     auto finished = [&] {
       if (op.state.load(std::memory_order_acquire) == shm_p2p_op::pending) p2p_->progress();

@@ -64,6 +64,11 @@ public:
   virtual void close() {}
   /// "shared memory" or "TCP".
   virtual const char* medium() const noexcept = 0;
+  /// How many times a wait polls progress() before it yields, given the
+  /// count a shared-memory wait uses (`shm_spins`), and how many yielding
+  /// polls it does before it sleeps (given `shm_yields`). Default: those.
+  virtual int spin_polls(int shm_spins) const noexcept { return shm_spins; }
+  virtual unsigned yield_polls(unsigned shm_yields) const noexcept { return shm_yields; }
 };
 
 } // namespace dpkit::detail
