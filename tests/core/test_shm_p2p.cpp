@@ -4,6 +4,8 @@
 // step from one thread, checked against the bytes each sender sent.
 #include <doctest/doctest.h>
 
+#include "p2p_test_util.hpp"
+
 #include "dpkit/transport/detail/health.hpp"
 #include "dpkit/transport/detail/shm_p2p.hpp"
 
@@ -39,18 +41,8 @@ struct area {
   std::byte* mem;
 };
 
-// The bytes rank `from` sends to rank `to` as its k-th message of `n` bytes.
-std::vector<std::byte> pattern(int from, int to, int k, std::size_t n) {
-  std::vector<std::byte> v(n);
-  std::uint32_t x = 2166136261u ^ static_cast<std::uint32_t>(from * 131 + to * 7 + k * 1009);
-  for (auto& b : v) {
-    x = x * 16777619u + 12345u;
-    b = static_cast<std::byte>(x >> 24);
-  }
-  return v;
-}
-
-bool pending(const shm_p2p_op& op) { return op.state.load() == shm_p2p_op::pending; }
+using p2p_test::pattern;
+using p2p_test::pending;
 
 // Drives engines until `op` is no longer pending (at most 10 s).
 void drive(std::vector<shm_p2p*> engines, const shm_p2p_op& op) {
@@ -88,66 +80,7 @@ TEST_CASE("shm p2p: every pair of 3 ranks (threads), sizes from 0 bytes to 4 rin
   CAPTURE(cma);
   area a(n);
   const std::vector<std::size_t> sizes = {0, 1, 15, 16, 17, 4095, 4096, 65537, (256u << 10) - 16, (1u << 20) + 3};
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        shm_p2p e(r, n, a.mem, cma);
-        std::vector<std::vector<std::byte>> out, in;
-        std::vector<std::shared_ptr<shm_p2p_op>> ops;
-        // rank r posts half its receives first, then its sends, then the rest:
-        // messages of one tag (7) between a pair must match in posting order
-        auto post_recvs = [&](bool first_half) {
-          for (int p = 0; p < n; ++p) {
-            if (p == r) continue;
-            for (std::size_t k = 0; k < sizes.size(); ++k) {
-              if ((k < sizes.size() / 2) != first_half) continue;
-              in.emplace_back(sizes[k]);
-              ops.push_back(e.post_recv(in.back().data(), sizes[k], p, k % 2 ? 7 : 100 + static_cast<int>(k)));
-            }
-          }
-        };
-        in.reserve(64);
-        out.reserve(64);
-        if (r != 1) post_recvs(true);
-        for (int p = 0; p < n; ++p) {
-          if (p == r) continue;
-          for (std::size_t k = 0; k < sizes.size(); ++k) {
-            out.push_back(pattern(r, p, static_cast<int>(k), sizes[k]));
-            ops.push_back(e.post_send(out.back().data(), sizes[k], p, k % 2 ? 7 : 100 + static_cast<int>(k)));
-          }
-        }
-        if (r == 1) post_recvs(true);
-        post_recvs(false);
-        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-        for (auto& op : ops) {
-          while (pending(*op) && std::chrono::steady_clock::now() < until) {
-            e.progress();
-            std::this_thread::yield();
-          }
-          if (op->state.load() != shm_p2p_op::done) throw std::runtime_error("op not done: " + op->describe(r) + " " + op->error);
-        }
-        // the receives, in the order posted: first half then second half per peer
-        std::size_t i = 0;
-        for (bool first : {true, false})
-          for (int p = 0; p < n; ++p) {
-            if (p == r) continue;
-            for (std::size_t k = 0; k < sizes.size(); ++k) {
-              if ((k < sizes.size() / 2) != first) continue;
-              if (in[i] != pattern(p, r, static_cast<int>(k), sizes[k]))
-                throw std::runtime_error("wrong bytes from rank " + std::to_string(p) + ", message " + std::to_string(k));
-              ++i;
-            }
-          }
-        // drain what peers may still need from this rank's rings: wait until
-        // every rank is done, driving progress meanwhile
-      } catch (const std::exception& ex) {
-        errors[static_cast<std::size_t>(r)] = ex.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = p2p_test::exchange_matrix(n, sizes, [&](int r) { return std::make_unique<shm_p2p>(r, n, a.mem, cma); });
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
     CHECK(errors[static_cast<std::size_t>(r)] == "");

@@ -5,6 +5,8 @@
 // bytes each sender sent.
 #include <doctest/doctest.h>
 
+#include "p2p_test_util.hpp"
+
 #include "dpkit/transport/detail/health.hpp"
 #include "dpkit/transport/detail/tcp_p2p.hpp"
 
@@ -40,17 +42,8 @@ std::vector<std::vector<int>> mesh(int n) {
   return fds;
 }
 
-std::vector<std::byte> pattern(int from, int to, int k, std::size_t n) {
-  std::vector<std::byte> v(n);
-  std::uint32_t x = 2166136261u ^ static_cast<std::uint32_t>(from * 131 + to * 7 + k * 1009);
-  for (auto& b : v) {
-    x = x * 16777619u + 12345u;
-    b = static_cast<std::byte>(x >> 24);
-  }
-  return v;
-}
-
-bool pending(const p2p_op& op) { return op.state.load() == p2p_op::pending; }
+using p2p_test::pattern;
+using p2p_test::pending;
 
 void drive(std::vector<tcp_p2p*> engines, const p2p_op& op) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -66,65 +59,8 @@ TEST_CASE("tcp p2p: every pair of 3 ranks (threads), 0 bytes to past the early b
   const int n = 3;
   auto fds = mesh(n);
   const std::vector<std::size_t> sizes = {0, 1, 15, 16, 17, 4095, 4096, 65537, (1u << 20) + 3, (5u << 20) + 1};
-  std::vector<std::string> errors(n);
-  std::atomic<int> finished{0};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      tcp_p2p e(r, n, fds[static_cast<std::size_t>(r)]);
-      try {
-        std::vector<std::vector<std::byte>> out, in;
-        std::vector<std::shared_ptr<p2p_op>> ops;
-        in.reserve(64);
-        out.reserve(64);
-        auto post_recvs = [&](bool first_half) {
-          for (int p = 0; p < n; ++p) {
-            if (p == r) continue;
-            for (std::size_t k = 0; k < sizes.size(); ++k) {
-              if ((k < sizes.size() / 2) != first_half) continue;
-              in.emplace_back(sizes[k]);
-              ops.push_back(e.post_recv(in.back().data(), sizes[k], p, k % 2 ? 7 : 100 + static_cast<int>(k)));
-            }
-          }
-        };
-        if (r != 1) post_recvs(true);
-        for (int p = 0; p < n; ++p) {
-          if (p == r) continue;
-          for (std::size_t k = 0; k < sizes.size(); ++k) {
-            out.push_back(pattern(r, p, static_cast<int>(k), sizes[k]));
-            ops.push_back(e.post_send(out.back().data(), sizes[k], p, k % 2 ? 7 : 100 + static_cast<int>(k)));
-          }
-        }
-        if (r == 1) post_recvs(true);
-        post_recvs(false);
-        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-        for (auto& op : ops) {
-          while (pending(*op) && std::chrono::steady_clock::now() < until) {
-            if (!e.progress()) e.sleep(100);
-          }
-          if (op->state.load() != p2p_op::done)
-            throw std::runtime_error("op not done: " + op->describe(r) + " " + op->error);
-        }
-        std::size_t i = 0;
-        for (bool first : {true, false})
-          for (int p = 0; p < n; ++p) {
-            if (p == r) continue;
-            for (std::size_t k = 0; k < sizes.size(); ++k) {
-              if ((k < sizes.size() / 2) != first) continue;
-              if (in[i] != pattern(p, r, static_cast<int>(k), sizes[k]))
-                throw std::runtime_error("wrong bytes from rank " + std::to_string(p) + ", message " + std::to_string(k));
-              ++i;
-            }
-          }
-      } catch (const std::exception& ex) {
-        errors[static_cast<std::size_t>(r)] = ex.what();
-      }
-      // the engine (and its sockets) lives until every rank is done
-      finished.fetch_add(1);
-      while (finished.load() < n) e.progress();
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors =
+      p2p_test::exchange_matrix(n, sizes, [&](int r) { return std::make_unique<tcp_p2p>(r, n, fds[static_cast<std::size_t>(r)]); });
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
     CHECK(errors[static_cast<std::size_t>(r)] == "");

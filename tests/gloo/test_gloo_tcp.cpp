@@ -488,28 +488,40 @@ int main(int argc, char** argv) {
   return ctx.run();
 }
 
+// A file store in a fresh directory (removed afterwards) and the loopback
+// address, for tcp_p2p_connect.
+struct p2p_fixture {
+  p2p_fixture() {
+    REQUIRE(::mkdtemp(dir) != nullptr);
+    store = dpkit::detail::open_kv_store(std::string("file://") + dir, "test", 10s, prefix);
+    sockaddr_in lo{};
+    lo.sin_family = AF_INET;
+    lo.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::memcpy(&addr, &lo, sizeof lo);
+  }
+  ~p2p_fixture() { std::filesystem::remove_all(dir); }
+  char dir[32] = "/tmp/dpkit-tcpp2p-XXXXXX";
+  std::string prefix;
+  std::shared_ptr<dpkit::detail::kv_store> store;
+  sockaddr_storage addr{};
+};
+
 TEST_CASE("tcp p2p connections: a stranger that connects first is refused; the ranks connect and exchange messages") {
   // rank 0 listens and publishes its address; a stranger (another job's
   // rank with the wrong group) connects before rank 1 and sends its hello:
   // rank 0 must drop it and take rank 1's connection, and the message
   // between them arrive whole. Without the group check the stranger's
   // socket would stand for rank 1 and the message never arrive.
-  char tmpl[] = "/tmp/dpkit-tcpp2p-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  const std::string url = std::string("file://") + tmpl;
-  std::string prefix;
-  std::shared_ptr<dpkit::detail::kv_store> store = dpkit::detail::open_kv_store(url, "test", 10s, prefix);
-  sockaddr_in lo{};
-  lo.sin_family = AF_INET;
-  lo.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  sockaddr_storage addr{};
-  std::memcpy(&addr, &lo, sizeof lo);
+  p2p_fixture f;
+  auto& store = f.store;
+  const std::string& prefix = f.prefix;
+  const sockaddr_storage& addr = f.addr;
   const auto due = dpkit::deadline_after(10s);
   std::unique_ptr<dpkit::detail::tcp_p2p> e0, e1;
   std::string err0, err1;
   std::thread r0([&] {
     try {
-      e0 = dpkit::detail::tcp_p2p_connect(*store, prefix + "/t", 0, 2, addr, sizeof lo, due, "rank 0");
+      e0 = dpkit::detail::tcp_p2p_connect(*store, prefix + "/t", 0, 2, addr, sizeof(sockaddr_in), due, "rank 0");
     } catch (const std::exception& e) {
       err0 = e.what();
     }
@@ -526,7 +538,7 @@ TEST_CASE("tcp p2p connections: a stranger that connects first is refused; the r
   std::this_thread::sleep_for(200ms);
   std::thread r1([&] {
     try {
-      e1 = dpkit::detail::tcp_p2p_connect(*store, prefix + "/t", 1, 2, addr, sizeof lo, due, "rank 1");
+      e1 = dpkit::detail::tcp_p2p_connect(*store, prefix + "/t", 1, 2, addr, sizeof(sockaddr_in), due, "rank 1");
     } catch (const std::exception& e) {
       err1 = e.what();
     }
@@ -547,27 +559,19 @@ TEST_CASE("tcp p2p connections: a stranger that connects first is refused; the r
   }
   CHECK(rv->state.load() == dpkit::detail::p2p_op::done);
   CHECK(got == msg);
-  std::filesystem::remove_all(tmpl);
 }
 
 TEST_CASE("tcp p2p connections: a rank that never connects is a timeout_error naming it") {
-  char tmpl[] = "/tmp/dpkit-tcpp2p-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  const std::string url = std::string("file://") + tmpl;
-  std::string prefix;
-  std::shared_ptr<dpkit::detail::kv_store> store = dpkit::detail::open_kv_store(url, "test", 10s, prefix);
-  sockaddr_in lo{};
-  lo.sin_family = AF_INET;
-  lo.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  sockaddr_storage addr{};
-  std::memcpy(&addr, &lo, sizeof lo);
+  p2p_fixture f;
+  auto& store = f.store;
+  const std::string& prefix = f.prefix;
+  const sockaddr_storage& addr = f.addr;
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    (void)dpkit::detail::tcp_p2p_connect(*store, prefix + "/t", 0, 3, addr, sizeof lo, dpkit::deadline_after(500ms), "rank 0");
+    (void)dpkit::detail::tcp_p2p_connect(*store, prefix + "/t", 0, 3, addr, sizeof(sockaddr_in), dpkit::deadline_after(500ms), "rank 0");
     FAIL("no timeout_error");
   } catch (const dpkit::timeout_error& e) {
     CHECK(std::string(e.what()).find("rank(s) 1, 2 did not connect") != std::string::npos);
   }
   CHECK(std::chrono::steady_clock::now() - t0 < 3s);
-  std::filesystem::remove_all(tmpl);
 }

@@ -35,6 +35,35 @@ struct p2p_op {
   }
 };
 
+/// A new pending op of an engine over `medium`.
+inline std::shared_ptr<p2p_op> make_p2p_op(bool is_send, std::byte* data, std::size_t bytes, int peer, int tag,
+                                           const char* medium) {
+  auto op = std::make_shared<p2p_op>();
+  op->is_send = is_send;
+  op->data = data;
+  op->bytes = bytes;
+  op->peer = peer;
+  op->tag = tag;
+  op->medium = medium;
+  return op;
+}
+
+/// Fails `op` with `why` unless it is no longer pending (its waiter sees
+/// the error once it sees the state).
+inline void fail_p2p_op(p2p_op& op, const std::string& why, bool peer_lost = false) {
+  if (op.state.load(std::memory_order_relaxed) != p2p_op::pending) return;
+  op.error = why;
+  op.peer_lost = peer_lost;
+  op.state.store(p2p_op::failed, std::memory_order_release);
+}
+
+/// Why receive `op` of rank `rank` failed when it matched a message of
+/// `sent` bytes.
+inline std::string p2p_length_text(const p2p_op& op, int rank, std::size_t sent) {
+  return op.describe(rank) + " matched a message of " + std::to_string(sent) +
+         " bytes: a receive must be exactly as long as its send";
+}
+
 /// A point-to-point engine of one rank: MPI's matching (a pair's messages
 /// with one tag are received in posting order) over some medium. Nothing
 /// moves by itself: progress(), called by every wait and test, moves what

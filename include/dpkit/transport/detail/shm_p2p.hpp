@@ -399,23 +399,10 @@ private:
   };
 
   static std::shared_ptr<shm_p2p_op> make(bool is_send, std::byte* data, std::size_t bytes, int peer, int tag) {
-    auto op = std::make_shared<shm_p2p_op>();
-    op->is_send = is_send;
-    op->data = data;
-    op->bytes = bytes;
-    op->peer = peer;
-    op->tag = tag;
-    return op;
+    return make_p2p_op(is_send, data, bytes, peer, tag, "shared memory");
   }
-  static void fail_op(shm_p2p_op& op, const std::string& why) {
-    if (op.state.load(std::memory_order_relaxed) != shm_p2p_op::pending) return;
-    op.error = why;
-    op.state.store(shm_p2p_op::failed, std::memory_order_release);
-  }
-  std::string length_text(const shm_p2p_op& op, std::size_t sent) const {
-    return op.describe(rank_) + " matched a message of " + std::to_string(sent) +
-           " bytes: a receive must be exactly as long as its send";
-  }
+  static void fail_op(shm_p2p_op& op, const std::string& why) { fail_p2p_op(op, why); }
+  std::string length_text(const shm_p2p_op& op, std::size_t sent) const { return p2p_length_text(op, rank_, sent); }
   static std::size_t pad16(std::size_t n) noexcept { return (n + 15) / 16 * 16; }
 
   shm_p2p_bell& bell(int p) const noexcept { return reinterpret_cast<shm_p2p_bell*>(area_)[p]; }

@@ -290,26 +290,11 @@ private:
     const int fl = ::fcntl(fd, F_GETFL, 0);
     if (fl >= 0) (void)::fcntl(fd, F_SETFL, fl | O_NONBLOCK);
   }
-  std::shared_ptr<p2p_op> make(bool is_send, std::byte* data, std::size_t bytes, int peer, int tag) const {
-    auto op = std::make_shared<p2p_op>();
-    op->is_send = is_send;
-    op->data = data;
-    op->bytes = bytes;
-    op->peer = peer;
-    op->tag = tag;
-    op->medium = "TCP";
-    return op;
+  static std::shared_ptr<p2p_op> make(bool is_send, std::byte* data, std::size_t bytes, int peer, int tag) {
+    return make_p2p_op(is_send, data, bytes, peer, tag, "TCP");
   }
-  static void fail_op(p2p_op& op, const std::string& why, bool peer_lost = false) {
-    if (op.state.load(std::memory_order_relaxed) != p2p_op::pending) return;
-    op.error = why;
-    op.peer_lost = peer_lost;
-    op.state.store(p2p_op::failed, std::memory_order_release);
-  }
-  std::string length_text(const p2p_op& op, std::size_t sent) const {
-    return op.describe(rank_) + " matched a message of " + std::to_string(sent) +
-           " bytes: a receive must be exactly as long as its send";
-  }
+  static void fail_op(p2p_op& op, const std::string& why, bool peer_lost = false) { fail_p2p_op(op, why, peer_lost); }
+  std::string length_text(const p2p_op& op, std::size_t sent) const { return p2p_length_text(op, rank_, sent); }
   // An op posted with a peer whose connection is gone (`why`: the send or
   // the receive direction's reason) fails at once. mu_ held.
   bool lost(p2p_op& op, const std::string& why) {
