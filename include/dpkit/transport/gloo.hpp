@@ -295,24 +295,22 @@ public:
   /// starts the point-to-point engine on its area, if it has one.
   void set_segment(store_segment s) {
     segment_ = std::move(s);
-    if (segment_.p2p_area) {
-      p2p_ = std::make_unique<shm_p2p>(rank_, size_, segment_.p2p_area);
-      p2p_shm_ = true;
-    }
+    if (segment_.p2p_area) p2p_ = std::make_unique<shm_p2p>(rank_, size_, segment_.p2p_area);
   }
   /// Connects dpkit's own TCP connections to every other rank through the
   /// attached store (a collective call of all ranks; tcp_p2p_connect) and
   /// sends point-to-point messages over them instead of Gloo's pairs.
   void connect_tcp(deadline due) {
     p2p_ = tcp_p2p_connect(*store_, key_prefix_ + "/tcp", rank_, size_, addr_, addr_len_, due, where());
-    p2p_shm_ = false;
   }
   /// The point-to-point engine: the node's shared memory (every rank on
   /// this node and a segment mapped), dpkit's TCP connections, or nullptr
   /// (messages then go over Gloo's pairs).
   p2p_engine* p2p() const noexcept { return p2p_.get(); }
-  /// Whether p2p() is the shared-memory engine.
-  bool p2p_shm() const noexcept { return p2p_ && p2p_shm_; }
+  /// Whether p2p() is the shared-memory engine (else TCP, or none).
+  bool p2p_shm() const noexcept { return dynamic_cast<const shm_p2p*>(p2p_.get()) != nullptr; }
+  /// Whether p2p() is dpkit's TCP engine.
+  bool p2p_tcp() const noexcept { return dynamic_cast<const tcp_p2p*>(p2p_.get()) != nullptr; }
   /// The number of this rank's earlier split() calls (then counts this one).
   std::uint64_t next_split() noexcept { return splits_++; }
 
@@ -833,7 +831,6 @@ private:
   std::vector<clock::time_point> last_check_;
   store_segment segment_; // unmapped after the connections are closed
   std::unique_ptr<p2p_engine> p2p_; // shm: on segment_'s area, destroyed before it is unmapped
-  bool p2p_shm_ = false;
   sockaddr_storage addr_{}; // this rank's address (Gloo's device's), for tcp_p2p
   socklen_t addr_len_ = 0;
   std::atomic<clock::rep> last_zombie_check_{0}; // poll_node's last look for unreaped dead peers
@@ -1170,7 +1167,7 @@ public:
   /// connections (detail/tcp_p2p.hpp: eager, driven by the waiting thread)
   /// rather than Gloo's pairs: every group whose ranks are not all on one
   /// node with a shared segment, unless DPKIT_TCP_P2P=0.
-  bool tcp_messages() const noexcept { return st_->p2p() && !st_->p2p_shm(); }
+  bool tcp_messages() const noexcept { return st_->p2p_tcp(); }
   /// Called by waits on the segment about every millisecond
   /// (shared_memory_transport): publishes this rank's current call, then
   /// throws peer_error when a rank of the node has ended (its process no

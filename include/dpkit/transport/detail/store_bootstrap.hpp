@@ -322,31 +322,6 @@ inline bool unhex(const std::string& s, sockaddr_storage& a, socklen_t& len) {
   len = static_cast<socklen_t>(s.size() / 2);
   return a.ss_family == AF_INET || a.ss_family == AF_INET6;
 }
-// Milliseconds left until `due`, rounded up, at least 0.
-inline int ms_left(deadline due) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(due - clock::now()).count();
-  return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
-}
-// Moves n bytes through fd (non-blocking) before `due`; false when the
-// connection closed or broke or the deadline passed.
-inline bool io_until(int fd, void* buf, std::size_t n, bool out, deadline due) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    const ssize_t r = out ? ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) : ::recv(fd, p, n, MSG_DONTWAIT);
-    if (r > 0) {
-      p += r;
-      n -= static_cast<std::size_t>(r);
-      continue;
-    }
-    if (r == 0) return false;
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
-    pollfd f{fd, static_cast<short>(out ? POLLOUT : POLLIN), 0};
-    const int left = ms_left(due);
-    if (left == 0 || ::poll(&f, 1, left) == 0) return false;
-  }
-  return true;
-}
 // The first message on a connection: who connects, to which group.
 struct hello {
   std::uint32_t magic;
@@ -401,16 +376,14 @@ inline std::unique_ptr<tcp_p2p> tcp_p2p_connect(kv_store& store, const std::stri
       int rc = ::connect(fd.fd, reinterpret_cast<sockaddr*>(&pa), plen);
       int err = rc == 0 ? 0 : errno;
       if (err == EINPROGRESS) {
-        pollfd f{fd.fd, POLLOUT, 0};
-        const int left = ms_left(due);
-        if (left == 0 || ::poll(&f, 1, left) <= 0) err = ETIMEDOUT;
-        else {
-          socklen_t el = sizeof err;
-          if (::getsockopt(fd.fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
-        }
+        socklen_t el = sizeof err;
+        if (tcp_store_io::wait_fd(fd.fd, POLLOUT, due) != tcp_store_io::result::ok) err = ETIMEDOUT;
+        else if (::getsockopt(fd.fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
       }
       hello h{hello_magic, rank, size, 0, group};
-      if (err == 0 && io_until(fd.fd, &h, sizeof h, true, due)) {
+      int io_err = 0;
+      if (err == 0 && tcp_store_io::send_all(fd.fd, reinterpret_cast<const char*>(&h), sizeof h, due, io_err) ==
+                          tcp_store_io::result::ok) {
         fds[static_cast<std::size_t>(p)].fd = fd.release();
         break;
       }
@@ -421,9 +394,7 @@ inline std::unique_ptr<tcp_p2p> tcp_p2p_connect(kv_store& store, const std::stri
     }
   }
   for (int expected = size - 1 - rank; expected > 0;) {
-    pollfd f{lfd.fd, POLLIN, 0};
-    const int left = ms_left(due);
-    if (left == 0 || ::poll(&f, 1, left) <= 0) {
+    if (tcp_store_io::wait_fd(lfd.fd, POLLIN, due) != tcp_store_io::result::ok) {
       std::string missing;
       for (int p = rank + 1; p < size; ++p)
         if (fds[static_cast<std::size_t>(p)].fd < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
@@ -433,7 +404,10 @@ inline std::unique_ptr<tcp_p2p> tcp_p2p_connect(kv_store& store, const std::stri
     if (fd.fd < 0) continue;
     hello h{};
     // a stranger (another job's rank, a port scanner) is dropped; at most 1 s each
-    if (!io_until(fd.fd, &h, sizeof h, false, std::min(due, clock::now() + std::chrono::seconds(1)))) continue;
+    int io_err = 0;
+    if (tcp_store_io::recv_all(fd.fd, reinterpret_cast<char*>(&h), sizeof h, std::min(due, clock::now() + std::chrono::seconds(1)),
+                               io_err) != tcp_store_io::result::ok)
+      continue;
     if (h.magic != hello_magic || h.group != group || h.size != size || h.rank <= rank || h.rank >= size ||
         fds[static_cast<std::size_t>(h.rank)].fd >= 0)
       continue;

@@ -134,10 +134,7 @@ public:
                          broken_[static_cast<std::size_t>(peer)] + " in the middle of this message", true);
       } else if (u.bytes != bytes) {
         fail_op(*op, length_text(*op, u.bytes));
-        if (receiving) {
-          s.target_ux = nullptr;
-          s.discard = true;
-        }
+        if (receiving) s.target_ux = nullptr; // the rest is read and dropped
       } else {
         if (u.got) std::memcpy(op->data, u.data.get(), u.got);
         op->moved = u.got;
@@ -155,7 +152,7 @@ public:
     }
     if (s.held && s.hdr.tag == tag) { // the next message, held back by the budget, is this one
       s.held = false;
-      begin(peer, s, op);
+      begin(s, op);
       pump_in(peer);
       return op;
     }
@@ -233,10 +230,7 @@ public:
       if (front) o.sent = 0;
     } else {
       drop(in_[p].posted);
-      if (in_[p].active && in_[p].target_op.get() == &op) {
-        in_[p].target_op.reset();
-        in_[p].discard = true;
-      }
+      if (in_[p].active && in_[p].target_op.get() == &op) in_[p].target_op.reset(); // the rest is dropped
     }
     fail_op(op, op.describe(rank_) + " was abandoned before it completed");
     return true;
@@ -277,8 +271,8 @@ private:
     bool active = false;         // hdr's payload is being read ...
     std::size_t got = 0;
     std::shared_ptr<p2p_op> target_op; // ... into this receive,
-    early_msg* target_ux = nullptr;    // ... or this buffer,
-    bool discard = false;              // ... or nowhere (its receive failed or was withdrawn)
+    early_msg* target_ux = nullptr;    // ... or this buffer; neither: read into sink_ and dropped
+                                       // (its receive failed or was withdrawn)
   };
   struct outgoing {
     std::deque<std::shared_ptr<p2p_op>> q; // front: on the wire
@@ -314,7 +308,6 @@ private:
     if (in_[i].target_op) {
       fail_op(*in_[i].target_op, in_[i].target_op->describe(rank_) + ": " + why, peer_lost);
       in_[i].target_op.reset();
-      in_[i].discard = true;
     }
   }
   // The connection to p closed or broke: its pending ops fail. mu_ held.
@@ -324,8 +317,12 @@ private:
     if (out_broken_[i].empty()) out_broken_[i] = why;
     in_[i].active = false;
     in_[i].held = false;
-    fail_peer_ops(p, "the connection to rank " + std::to_string(p) + " " + why + ": rank " + std::to_string(p) +
-                         " failed, exited or closed its transport", true);
+    fail_peer_ops(p, gone_text(p, why), true);
+  }
+  // "the connection to rank P WHY: rank P failed, exited or closed its transport".
+  static std::string gone_text(int p, const std::string& why) {
+    return "the connection to rank " + std::to_string(p) + " " + why + ": rank " + std::to_string(p) +
+           " failed, exited or closed its transport";
   }
 
   // Writes what fits of p's queued sends. mu_ held.
@@ -352,10 +349,8 @@ private:
         if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
         // the peer closed or broke; what it sent before is still read
         // (the receive direction fails when its end of stream is read)
-        const std::string why = std::string("broke (send: ") + std::strerror(errno) + ")";
-        out_broken_[i] = why;
-        const std::string text = "the connection to rank " + std::to_string(p) + " " + why + ": rank " +
-                                 std::to_string(p) + " failed, exited or closed its transport";
+        out_broken_[i] = std::string("broke (send: ") + std::strerror(errno) + ")";
+        const std::string text = gone_text(p, out_broken_[i]);
         for (auto& q : o.q) fail_op(*q, q->describe(rank_) + ": " + text, true);
         o.q.clear();
         o.sent = 0;
@@ -374,19 +369,13 @@ private:
   }
 
   // Starts receiving the message of header s.hdr into op (or fails op on a
-  // length mismatch and discards the payload). mu_ held.
-  void begin(int p, incoming& s, const std::shared_ptr<p2p_op>& op) {
-    (void)p;
+  // length mismatch and drops the payload). mu_ held.
+  void begin(incoming& s, const std::shared_ptr<p2p_op>& op) {
     s.active = true;
     s.got = 0;
     s.target_ux = nullptr;
-    s.discard = false;
-    if (op->bytes != s.hdr.bytes) {
-      fail_op(*op, length_text(*op, s.hdr.bytes));
-      s.discard = true;
-    } else {
-      s.target_op = op;
-    }
+    if (op->bytes != s.hdr.bytes) fail_op(*op, length_text(*op, s.hdr.bytes));
+    else s.target_op = op;
     finish_if_empty(s);
   }
   void finish_if_empty(incoming& s) {
@@ -399,17 +388,16 @@ private:
     if (s.target_ux) s.target_ux->got = s.got;
     s.target_ux = nullptr;
     s.active = false;
-    s.discard = false;
     s.hdr_got = 0;
   }
   // Matches the complete header s.hdr: the oldest posted receive of its tag,
   // else an early buffer if the budget allows, else held. mu_ held.
-  void match(int p, incoming& s) {
+  void match(incoming& s) {
     for (auto it = s.posted.begin(); it != s.posted.end(); ++it)
       if ((*it)->tag == s.hdr.tag) {
         auto op = std::move(*it);
         s.posted.erase(it);
-        begin(p, s, op);
+        begin(s, op);
         return;
       }
     take_early(s);
@@ -429,7 +417,6 @@ private:
     s.active = true;
     s.got = 0;
     s.target_ux = u.get();
-    s.discard = false;
     s.early.push_back(std::move(u));
     finish_if_empty(s);
   }
@@ -442,7 +429,7 @@ private:
     for (;;) {
       if (!broken_[i].empty()) return moved;
       if (s.held) {
-        if (s.early.empty() || s.early_bytes + s.hdr.bytes <= tcp_p2p_early_budget) take_early(s);
+        take_early(s); // still held while the budget is spent
         if (s.held) return moved;
         continue;
       }
@@ -484,7 +471,7 @@ private:
           ::shutdown(fds_[i], SHUT_RDWR);
           return true;
         }
-        match(p, s);
+        match(s);
         continue;
       }
       s.got += static_cast<std::size_t>(r);
