@@ -190,10 +190,15 @@ public:
   /// watchdog, then closes the connections (the context's pairs) and stops
   /// the device. Peers on
   /// this node waiting for this rank in shared memory learn it from the
-  /// segment's abort words (as peers over TCP learn it from the closed
-  /// connections); what this rank sent before is still theirs to read.
+  /// segment's abort words and this rank's left mark (as peers over TCP
+  /// learn it from the closed connections); what this rank sent before is
+  /// still theirs to read, and waits between other ranks go on (a clean
+  /// close is not a failure: shm_segment::peer_still_in).
   ~gloo_state() {
-    if (segment_.view && size_ > 1) segment_.view->abort_all();
+    if (segment_.view && size_ > 1) {
+      segment_.view->mark_left();
+      segment_.view->abort_all(shm_abort_close);
+    }
     if (p2p_) p2p_->fail_all("the transport was closed");
     abort_pending();
     {
@@ -632,6 +637,9 @@ private:
     }
     if (shm_segment* seg = shm(); seg && seg->aborted()) {
       if (settled()) return;
+      // only clean closes of other ranks so far, and op's peer is still
+      // here: this op may still complete (its deadline still holds)
+      if (seg->peer_still_in(op.peer)) return;
       const std::string what = "gloo_transport: " + op.describe(rank_) +
                                " stopped: a rank of this node failed or closed its transport (it aborted the shared segment)";
       fail(what);

@@ -58,14 +58,21 @@ struct alignas(64) shm_control {
   std::atomic<std::uint32_t> sleepers{0};
   std::atomic<std::int32_t> pid{0};
   char pad0[48];
-  std::atomic<std::uint32_t> abort{0};
-  char pad1[60];
+  std::atomic<std::uint32_t> abort{0}; // shm_abort_failure | shm_abort_close bits, set by any rank
+  std::atomic<std::uint32_t> left{0};  // 1 once this rank closed its transport cleanly
+  char pad1[56];
   std::atomic<std::uint64_t> fp_version{0};
   std::atomic<std::uint64_t> fp_words[shm_fp_words]{};
 };
 static_assert(sizeof(shm_control) == 192);
 static_assert(shm_fp_words <= 7);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+
+/// Why a segment's abort words were set (bits of shm_control::abort): a
+/// rank's collective failed, or a rank closed its transport (a clean close:
+/// ranks that still exchange with the others may finish what they run).
+inline constexpr std::uint32_t shm_abort_failure = 1;
+inline constexpr std::uint32_t shm_abort_close = 2;
 
 inline constexpr int shm_hash_bits = 20;
 inline constexpr std::uint64_t shm_hash_mask = (std::uint64_t{1} << shm_hash_bits) - 1;
@@ -170,12 +177,15 @@ public:
     control(rank_).step.store(0, std::memory_order_relaxed);
     control(rank_).sleepers.store(0, std::memory_order_relaxed);
     control(rank_).abort.store(0, std::memory_order_relaxed);
+    control(rank_).left.store(0, std::memory_order_relaxed);
     control(rank_).fp_version.store(0, std::memory_order_relaxed);
   }
-  /// Sets every rank's abort word (a collective on this segment failed) and
-  /// wakes every waiter asleep on any rank's step counter, so they see it now.
-  void abort_all() const noexcept {
-    for (int p = 0; p < size(); ++p) control(p).abort.store(1, std::memory_order_seq_cst);
+  /// Sets every rank's abort word (`why`: shm_abort_failure, a collective on
+  /// this segment failed, the default; shm_abort_close, this rank closed its
+  /// transport, after mark_left) and wakes every waiter asleep on any rank's
+  /// step counter, so they see it now.
+  void abort_all(std::uint32_t why = shm_abort_failure) const noexcept {
+    for (int p = 0; p < size(); ++p) control(p).abort.fetch_or(why, std::memory_order_seq_cst);
     for (int p = 0; p < size(); ++p)
       if (control(p).sleepers.load(std::memory_order_seq_cst) != 0) shm_futex_wake(shm_futex_word(control(p).step));
   }
@@ -216,9 +226,22 @@ public:
   }
   /// True once some rank set this rank's abort word.
   bool aborted() const noexcept { return control(rank_).abort.load(std::memory_order_acquire) != 0; }
+  /// Marks this rank as gone by a clean close of its transport (before
+  /// abort_all(shm_abort_close)): what it sent stays readable, a wait on it
+  /// fails, and it is not an ended peer (ended_peer) of the others.
+  void mark_left() const noexcept { control(rank_).left.store(1, std::memory_order_seq_cst); }
+  /// Whether rank p closed its transport cleanly (mark_left).
+  bool left(int p) const noexcept { return control(p).left.load(std::memory_order_acquire) != 0; }
+  /// After the abort words were set: whether a wait on rank p may still
+  /// complete, because every abort so far came from clean closes of other
+  /// ranks (none from a failure) and p has neither closed nor ended. (A rank
+  /// that finished its last collective and closed must not fail two other
+  /// ranks still finishing theirs: test_gloo_node "sums" with 3 ranks.)
+  bool peer_still_in(int p) const noexcept;
   /// The first other rank whose process has ended (process_ended over the
-  /// pids of the control lines; `zombies`: unreaped ones too), or -1 (also
-  /// where ranks are threads: pid 0).
+  /// pids of the control lines; `zombies`: unreaped ones too) without
+  /// closing its transport first (left), or -1 (also where ranks are
+  /// threads: pid 0).
   int ended_peer(bool zombies) const noexcept;
   /// The first other rank that published a different call than `mine` at
   /// mine's sequence number and stream (what it runs is put in `theirs`),
@@ -263,9 +286,14 @@ inline bool process_ended(int pid, bool zombie_too) noexcept {
   return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
 }
 
+inline bool shm_segment::peer_still_in(int p) const noexcept {
+  return (control(rank_).abort.load(std::memory_order_acquire) & shm_abort_failure) == 0 && !left(p) &&
+         !process_ended(control(p).pid.load(std::memory_order_relaxed), false);
+}
+
 inline int shm_segment::ended_peer(bool zombies) const noexcept {
   for (int p = 0; p < size(); ++p)
-    if (p != rank_ && process_ended(control(p).pid.load(std::memory_order_relaxed), zombies)) return p;
+    if (p != rank_ && !left(p) && process_ended(control(p).pid.load(std::memory_order_relaxed), zombies)) return p;
   return -1;
 }
 
