@@ -14,6 +14,8 @@
 // header (tag, fragment bytes, message bytes) and its payload, padded to 16
 // bytes, written at the ring's head; the sender then advances head (release)
 // and the receiver, after copying the fragment out, advances tail (release).
+// The sender reads tail only when the value it saw last leaves too little
+// room (one cache line fewer crossing the cores per message).
 // The sends to one peer leave in posting order, one message after the other,
 // so a pair's messages with one tag arrive in posting order (MPI's
 // non-overtaking rule, the transport concept's). A message whose receive is
