@@ -119,6 +119,12 @@ def main() -> None:
             ratio = f"{row[1][0] / row[0][0]:7.2f}" if len(row) > 1 else ""
             print(f"  {count * 4:12d} {count:12d}{cells} {ratio}", flush=True)
     dist.barrier()
+    # Every group, before the interpreter finalizes: torch 2.15's gloo worker
+    # thread otherwise may release its last work's tensors during
+    # finalization, take the GIL, and abort the process ("terminate called
+    # without an active exception" in ProcessGroupGloo::runLoop; rank 0, 2 of
+    # 6 torchrun runs to 256 MiB), which torchrun reports as a failed job.
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
