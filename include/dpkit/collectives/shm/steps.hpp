@@ -72,9 +72,7 @@ private:
       S_.guard([&] {
         auto next_poll = clock::now() + std::chrono::milliseconds(1);
         shm_wait(ready, [&] {
-          // a failure, or p closed or ended: stop; a clean close of another
-          // rank does not stop a wait on p (seg_.peer_still_in)
-          if (seg_.aborted() && !seg_.peer_still_in(p)) {
+          if (seg_.aborted()) {
             poll_unless_ready(p, ready);
             if (ready()) return;
             throw peer_error("shm: rank " + std::to_string(ctx_.rank) + " stops: a peer's collective failed");
