@@ -244,6 +244,8 @@ TEST_CASE("shm p2p: single copy: an early request to send is read when its recei
   CHECK(pending(*send)); // until the receiver has read it
   std::vector<std::byte> g(d.size());
   auto recv = r.post_recv(g.data(), g.size(), 0, 4);
+  CHECK(pending(*recv)); // read by the next progress(), not inside post_recv
+  r.progress();
   CHECK(recv->state.load() == shm_p2p_op::done);
   CHECK(g == d);
   drive({&s, &r}, *send);
@@ -326,6 +328,7 @@ TEST_CASE("shm p2p: single copy: a receive completes only once its acknowledgeme
   auto send = s.post_send(d.data(), d.size(), 1, 9); // a request to send (4096 >= 1024)
   std::vector<std::byte> g(d.size());
   auto recv = r.post_recv(g.data(), g.size(), 0, 9);
+  r.progress();
   CHECK(g == d);              // read already
   CHECK(pending(*recv));      // but its acknowledgement cannot be written yet
   CHECK(pending(*send));
@@ -335,5 +338,50 @@ TEST_CASE("shm p2p: single copy: a receive completes only once its acknowledgeme
   drive({&s, &r}, *recv);
   drive({&s, &r}, *send);
   CHECK(recv->state.load() == shm_p2p_op::done);
+  CHECK(send->state.load() == shm_p2p_op::done);
+}
+
+TEST_CASE("shm p2p: single copy: a receive posted before its send reads the peer's message only after its own "
+          "request to send has left, so the two reads of an exchange overlap") {
+  // Every exchange of two ranks and every ring step posts the receive, then
+  // the send. A read inside post_recv held this rank's request to send back
+  // for the read's whole time, so the peer's read of it began only when this
+  // one ended: a 2-rank 4 MiB exchange took 2x Open MPI's time.
+  area a(2);
+  shm_p2p s(0, 2, a.mem, 1024), r(1, 2, a.mem, 1024);
+  const auto d0 = pattern(0, 1, 0, 100000), d1 = pattern(1, 0, 0, 100000);
+  std::vector<std::byte> g0(d1.size()), g1(d0.size());
+  auto send0 = s.post_send(d0.data(), d0.size(), 1, 5); // rank 0's request to send is in the ring
+  auto recv1 = r.post_recv(g1.data(), g1.size(), 0, 5);  // rank 1: receive, then send
+  CHECK(pending(*recv1));                                 // not read yet ...
+  auto send1 = r.post_send(d1.data(), d1.size(), 0, 5);
+  auto recv0 = s.post_recv(g0.data(), g0.size(), 1, 5);
+  s.progress(); // ... so rank 0 reads rank 1's message while rank 1's read of rank 0's is still to come
+  CHECK(recv0->state.load() == shm_p2p_op::done);
+  CHECK(g0 == d1);
+  CHECK(pending(*recv1));
+  r.progress();
+  CHECK(recv1->state.load() == shm_p2p_op::done);
+  CHECK(g1 == d0);
+  drive({&s, &r}, *send0);
+  drive({&s, &r}, *send1);
+  CHECK(send0->state.load() == shm_p2p_op::done);
+  CHECK(send1->state.load() == shm_p2p_op::done);
+}
+
+TEST_CASE("shm p2p: single copy: a receive withdrawn before its read never has its buffer written, and the send "
+          "completes") {
+  area a(2);
+  shm_p2p s(0, 2, a.mem, 1024), r(1, 2, a.mem, 1024);
+  const auto d = pattern(0, 1, 0, 8192);
+  auto send = s.post_send(d.data(), d.size(), 1, 3);
+  r.progress();
+  std::vector<std::byte> g(d.size(), std::byte{0x5a});
+  auto recv = r.post_recv(g.data(), g.size(), 0, 3); // matched; its read waits for progress()
+  CHECK(r.withdraw(*recv));
+  CHECK(recv->state.load() == shm_p2p_op::failed);
+  for (int i = 0; i < 10; ++i) r.progress();
+  CHECK(std::all_of(g.begin(), g.end(), [](std::byte b) { return b == std::byte{0x5a}; }));
+  drive({&s, &r}, *send);
   CHECK(send->state.load() == shm_p2p_op::done);
 }
