@@ -30,8 +30,8 @@ TEST_CASE("collective_options: DPKIT_TIMEOUT / DPKIT_CHECK from the environment"
 
 TEST_CASE("shm p2p: the single-copy threshold parses DPKIT_SHM_CMA and DPKIT_SHM_CMA_BYTES strictly") {
   namespace dd = dpkit::detail;
-  CHECK(dd::parse_shm_cma_bytes(nullptr, nullptr) == std::size_t{1} << 20);
-  CHECK(dd::parse_shm_cma_bytes("", "") == std::size_t{1} << 20);
+  CHECK(dd::parse_shm_cma_bytes(nullptr, nullptr) == std::size_t{64} << 10);
+  CHECK(dd::parse_shm_cma_bytes("", "") == std::size_t{64} << 10);
   CHECK(dd::parse_shm_cma_bytes("0", "4096") == SIZE_MAX);
   CHECK(dd::parse_shm_cma_bytes("1", "4096") == 4096);
   CHECK(dd::parse_shm_cma_bytes(nullptr, "0") == 0);

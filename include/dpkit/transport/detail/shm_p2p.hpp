@@ -29,7 +29,7 @@
 // Nothing moves by itself: progress() (called by every wait and test
 // of any request) drains the incoming rings and fills the outgoing ones.
 //
-// Large messages (at least shm_p2p_cma_bytes(), 1 MiB by default) are
+// Large messages (at least shm_p2p_cma_bytes(), 64 KiB by default) are
 // copied once instead of twice: the sender writes a request-to-send fragment
 // (the buffer's address in its process) and keeps the send pending; the
 // receiver, once the message is matched, copies the bytes straight out of the
@@ -121,7 +121,8 @@ inline constexpr std::uint32_t shm_p2p_len_mask = (1u << 28) - 1;
 
 /// The single-copy threshold from DPKIT_SHM_CMA (`off`: "0" turns the
 /// single copy off, "1" or unset keeps it) and DPKIT_SHM_CMA_BYTES (`bytes`:
-/// a byte count; unset: 1 MiB). Returns SIZE_MAX when off.
+/// a byte count; unset: 64 KiB, as measured in docs/tuning.md). Returns
+/// SIZE_MAX when off.
 /// @throws dpkit::invalid_argument naming the variable and the value when a
 ///         value is malformed (never a silent fallback to the default).
 inline std::size_t parse_shm_cma_bytes(const char* off, const char* bytes) {
@@ -138,7 +139,7 @@ inline std::size_t parse_shm_cma_bytes(const char* off, const char* bytes) {
       throw invalid_argument(std::string("DPKIT_SHM_CMA_BYTES: expected a byte count, got '") + bytes + "'");
     return static_cast<std::size_t>(n);
   }
-  return std::size_t{1} << 20;
+  return std::size_t{64} << 10;
 }
 
 /// Messages of at least this many bytes are read by the receiver straight
