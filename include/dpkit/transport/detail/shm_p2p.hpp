@@ -284,11 +284,6 @@ public:
   std::shared_ptr<shm_p2p_op> post_recv(std::byte* data, std::size_t bytes, int peer, int tag) override {
     auto op = make(false, data, bytes, peer, tag);
     std::lock_guard lk(mu_);
-    in_post_recv_ = true; // a request to send that matches now is read by progress()
-    struct reset {
-      bool& b;
-      ~reset() { b = false; }
-    } r{in_post_recv_};
     incoming& s = in_[static_cast<std::size_t>(peer)];
     for (auto it = s.early.begin(); it != s.early.end(); ++it) {
       early_msg& u = **it;
@@ -305,7 +300,7 @@ public:
           s.discard = true;
         }
       } else if (u.rts) {
-        read_rts(op, peer, u.id, u.addr);
+        queue_read(op, peer, u.id, u.addr);
       } else {
         if (u.got) std::memcpy(op->data, u.data.get(), u.got);
         op->moved = u.got;
@@ -333,19 +328,18 @@ public:
   bool progress() override {
     std::lock_guard lk(mu_);
     bool moved = false;
-    // this rank's requests to send leave before it spends a read's time
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_) moved |= pump_out(p);
-    while (!reads_.empty()) {
-      pending_read d = std::move(reads_.front());
-      reads_.pop_front();
-      do_read(d.recv, d.peer, d.id, d.addr);
-      moved = true;
-    }
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
       moved |= pump_in(p);
       moved |= pump_out(p);
+    }
+    // the matched requests to send are read last: this rank's own requests
+    // to send have left by now, so its peers read them meanwhile
+    while (!reads_.empty()) {
+      const pending_read d = std::move(reads_.front());
+      reads_.pop_front();
+      read_rts(d.recv, d.peer, d.id, d.addr);
+      moved = true;
     }
     return moved;
   }
@@ -585,15 +579,14 @@ private:
     return moved;
   }
 
-  // A request to send (id, addr) from rank `p` matched receive `recv`: read
-  // now, or by the next progress() while post_recv runs (caller holds mu_).
-  void read_rts(const std::shared_ptr<shm_p2p_op>& recv, int p, std::uint64_t id, std::uint64_t addr) {
-    if (in_post_recv_) reads_.push_back({recv, p, id, addr});
-    else do_read(recv, p, id, addr);
+  // A request to send (id, addr) from rank `p` matched receive `recv`: its
+  // read waits for the end of progress() (caller holds mu_).
+  void queue_read(const std::shared_ptr<shm_p2p_op>& recv, int p, std::uint64_t id, std::uint64_t addr) {
+    reads_.push_back({recv, p, id, addr});
   }
   // Reads a message whose request to send (id, addr) matched `recv`, straight
   // from rank `p`'s memory, and queues the acknowledgement (caller holds mu_).
-  void do_read(const std::shared_ptr<shm_p2p_op>& recv, int p, std::uint64_t id, std::uint64_t addr) {
+  void read_rts(const std::shared_ptr<shm_p2p_op>& recv, int p, std::uint64_t id, std::uint64_t addr) {
     shm_p2p_op& op = *recv;
     const int pid = bell(p).pid.load(std::memory_order_relaxed);
     const int err = shm_cma_read(pid, addr, op.data, op.bytes);
@@ -723,7 +716,7 @@ private:
         if (rts) acks_[static_cast<std::size_t>(p)].push_back({id, 0, nullptr}); // unread: the send completes
         else s.discard = true;
       } else if (rts) {
-        read_rts(op, p, id, addr);
+        queue_read(op, p, id, addr);
       } else {
         s.target_op = std::move(op);
       }
@@ -819,7 +812,6 @@ private:
     std::uint64_t id, addr;
   };
   std::deque<pending_read> reads_;
-  bool in_post_recv_ = false; // post_recv runs: matched requests to send go to reads_
   std::vector<std::uint64_t> next_id_;     // per peer: the id of the next request to send
   std::size_t cma_bytes_;                  // shm_p2p_cma_bytes()
   std::vector<std::pair<std::size_t, std::unique_ptr<std::byte[]>>> spare_; // early buffers to reuse (capacity, buffer)
