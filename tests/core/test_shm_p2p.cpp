@@ -205,6 +205,48 @@ TEST_CASE("shm p2p: a message that arrives before its receive, partly, is comple
   CHECK(g1 == small);
 }
 
+TEST_CASE("shm p2p: early messages below the single-copy threshold take the buffers the engine faulted in at "
+          "start, and give them back; a larger one allocates its own") {
+  area a(2);
+  shm_p2p s(0, 2, a.mem, SIZE_MAX), r(1, 2, a.mem, SIZE_MAX);
+  const std::vector<std::size_t> start(dpkit::detail::shm_p2p_early_buffers,
+                                       dpkit::detail::shm_p2p_early_buffer_bytes);
+  CHECK(r.spare_capacities() == start);
+  // as many early messages at once as there are buffers, 8 B to 64 KiB
+  const std::size_t sizes[] = {8, 2048, 40000, dpkit::detail::shm_p2p_early_buffer_bytes};
+  std::vector<std::shared_ptr<shm_p2p_op>> sends;
+  for (int k = 0; k < 4; ++k) {
+    const auto data = pattern(0, 1, k, sizes[k]);
+    sends.push_back(s.post_send(data.data(), data.size(), 1, 100 + k));
+    drive({&s, &r}, *sends.back()); // copied into the ring; data may go
+    r.progress();                   // into an early buffer of r
+  }
+  CHECK(r.spare_capacities().empty()); // all four lent, none allocated
+  for (int k = 0; k < 4; ++k) {
+    std::vector<std::byte> got(sizes[k]);
+    auto recv = r.post_recv(got.data(), got.size(), 0, 100 + k);
+    drive({&s, &r}, *recv);
+    CHECK(recv->state.load() == shm_p2p_op::done);
+    CHECK(got == pattern(0, 1, k, sizes[k]));
+  }
+  CHECK(r.spare_capacities() == start); // given back, nothing more held
+  // beyond the buffers' size: a buffer of its own, kept for reuse afterwards
+  const std::size_t big = dpkit::detail::shm_p2p_early_buffer_bytes + 1;
+  const auto data = pattern(0, 1, 9, big);
+  auto send = s.post_send(data.data(), big, 1, 200);
+  drive({&s, &r}, *send);
+  r.progress();
+  std::vector<std::byte> got(big);
+  auto recv = r.post_recv(got.data(), big, 0, 200);
+  drive({&s, &r}, *recv);
+  CHECK(got == data);
+  auto caps = r.spare_capacities();
+  std::sort(caps.begin(), caps.end());
+  auto want = start;
+  want.push_back(big);
+  CHECK(caps == want);
+}
+
 TEST_CASE("shm p2p: a receive whose length differs from its send fails naming both lengths; later messages still match") {
   area a(2);
   shm_p2p s(0, 2, a.mem), r(1, 2, a.mem);

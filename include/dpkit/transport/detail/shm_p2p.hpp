@@ -187,6 +187,20 @@ inline std::size_t shm_p2p_ring_bytes(int size) noexcept {
   return r;
 }
 
+/// Early-message buffers (see shm_p2p: a message whose receive is not
+/// posted yet) an engine allocates and faults in when it starts, and the
+/// bytes of each: the messages below the single-copy threshold that a
+/// collective can have in flight ahead of their receives (a ring's
+/// pipelined steps, a tree's two children) then take buffers that are
+/// already in this process's page table. Allocated on first use instead,
+/// each new size's first early message paid malloc and a page fault per
+/// fresh page (two 10-15 us faults in the first timed iterations of
+/// allreduce_perf's 2 KiB ring launched from a store, the VM of
+/// docs/tuning.md), as Open MPI's vader avoids with free lists of
+/// fragments allocated at start.
+inline constexpr int shm_p2p_early_buffers = 4;
+inline constexpr std::size_t shm_p2p_early_buffer_bytes = std::size_t{64} << 10;
+
 /// Bytes of the point-to-point area for `size` ranks (a multiple of 4096; 0
 /// for one rank): the doorbells, then each ordered pair's ring.
 inline std::size_t shm_p2p_area_bytes(int size) noexcept {
@@ -208,7 +222,9 @@ public:
   /// Rank `rank` of `size` on the area at `area` (shm_p2p_area_bytes(size)
   /// bytes, 64-byte aligned, zero-filled by its creator); messages of at
   /// least `cma_bytes` bytes are read by the receiver from this process's
-  /// memory (SIZE_MAX: never).
+  /// memory (SIZE_MAX: never). With peers it allocates and faults in
+  /// shm_p2p_early_buffers early-message buffers (256 KiB in all).
+  /// @throws std::bad_alloc when those cannot be allocated.
   shm_p2p(int rank, int size, std::byte* area, std::size_t cma_bytes = shm_p2p_cma_bytes())
       : rank_(rank), size_(size), cap_(shm_p2p_ring_bytes(size)), area_(area),
         in_(static_cast<std::size_t>(size)), out_(static_cast<std::size_t>(size)),
@@ -221,6 +237,20 @@ public:
     b.pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
 #endif
     b.self.store(reinterpret_cast<std::uintptr_t>(&b), std::memory_order_release);
+    for (int i = 0; size > 1 && i < shm_p2p_early_buffers; ++i) {
+      std::unique_ptr<std::byte[]> buf(new std::byte[shm_p2p_early_buffer_bytes]);
+      std::memset(buf.get(), 0, shm_p2p_early_buffer_bytes); // every page faulted in now
+      spare_.emplace_back(shm_p2p_early_buffer_bytes, std::move(buf));
+    }
+  }
+
+  /// The capacities (bytes) of the early-message buffers this engine holds
+  /// for reuse, none of them lent to a message now (diagnostics and tests).
+  std::vector<std::size_t> spare_capacities() {
+    std::lock_guard lk(mu_);
+    std::vector<std::size_t> caps;
+    for (const auto& s : spare_) caps.push_back(s.first);
+    return caps;
   }
 
   /// Where the ring from rank `s` to rank `r` starts (its control part, then
@@ -737,8 +767,9 @@ private:
     s.early.push_back(std::move(u));
   }
   // Buffers of early messages are kept for the next ones (at most 16, of at
-  // most 4 MiB each): a fresh allocation per early message paid malloc and,
-  // at each new size, page faults (caller holds mu_).
+  // most 4 MiB each; the engine starts with shm_p2p_early_buffers of them):
+  // a fresh allocation per early message paid malloc and, at each new size,
+  // page faults. The smallest spare buffer that fits (caller holds mu_).
   std::unique_ptr<std::byte[]> take_buffer(std::size_t bytes, std::size_t& cap) {
     const std::size_t need = std::max<std::size_t>(bytes, 1);
     auto best = spare_.end();
