@@ -119,6 +119,10 @@ static_assert(sizeof(shm_p2p_header) == 16);
 enum shm_p2p_kind : std::uint32_t { shm_p2p_data = 0, shm_p2p_rts = 1, shm_p2p_ack = 2 };
 inline constexpr std::uint32_t shm_p2p_len_mask = (1u << 28) - 1;
 
+/// The single-copy threshold when DPKIT_SHM_CMA_BYTES is unset (bytes; as
+/// measured in docs/tuning.md).
+inline constexpr std::size_t shm_p2p_cma_default_bytes = std::size_t{64} << 10;
+
 /// The single-copy threshold from DPKIT_SHM_CMA (`off`: "0" turns the
 /// single copy off, "1" or unset keeps it) and DPKIT_SHM_CMA_BYTES (`bytes`:
 /// a byte count; unset: 64 KiB, as measured in docs/tuning.md). Returns
@@ -139,7 +143,7 @@ inline std::size_t parse_shm_cma_bytes(const char* off, const char* bytes) {
       throw invalid_argument(std::string("DPKIT_SHM_CMA_BYTES: expected a byte count, got '") + bytes + "'");
     return static_cast<std::size_t>(n);
   }
-  return std::size_t{64} << 10;
+  return shm_p2p_cma_default_bytes;
 }
 
 /// Messages of at least this many bytes are read by the receiver straight
@@ -189,17 +193,18 @@ inline std::size_t shm_p2p_ring_bytes(int size) noexcept {
 
 /// Early-message buffers (see shm_p2p: a message whose receive is not
 /// posted yet) an engine allocates and faults in when it starts, and the
-/// bytes of each: the messages below the single-copy threshold that a
-/// collective can have in flight ahead of their receives (a ring's
+/// bytes of each (the default single-copy threshold): the messages below it
+/// that a collective can have in flight ahead of their receives (a ring's
 /// pipelined steps, a tree's two children) then take buffers that are
-/// already in this process's page table. Allocated on first use instead,
+/// already in this process's page table. Larger early messages (the single
+/// copy off, or DPKIT_SHM_CMA_BYTES raised) allocate their own, as before. Allocated on first use instead,
 /// each new size's first early message paid malloc and a page fault per
 /// fresh page (two 10-15 us faults in the first timed iterations of
 /// allreduce_perf's 2 KiB ring launched from a store, the VM of
 /// docs/tuning.md), as Open MPI's vader avoids with free lists of
 /// fragments allocated at start.
 inline constexpr int shm_p2p_early_buffers = 4;
-inline constexpr std::size_t shm_p2p_early_buffer_bytes = std::size_t{64} << 10;
+inline constexpr std::size_t shm_p2p_early_buffer_bytes = shm_p2p_cma_default_bytes;
 
 /// Bytes of the point-to-point area for `size` ranks (a multiple of 4096; 0
 /// for one rank): the doorbells, then each ordered pair's ring.
