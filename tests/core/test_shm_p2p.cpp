@@ -205,6 +205,42 @@ TEST_CASE("shm p2p: a message that arrives before its receive, partly, is comple
   CHECK(g1 == small);
 }
 
+TEST_CASE("shm p2p: a small send behind a queued one waits its turn; with nothing queued it leaves and completes "
+          "at once") {
+  area a(2);
+  shm_p2p s(0, 2, a.mem, SIZE_MAX), r(1, 2, a.mem, SIZE_MAX);
+  // nothing queued: a small send is in the ring and complete when post_send returns
+  const auto first = pattern(0, 1, 0, 2048);
+  auto s0 = s.post_send(first.data(), first.size(), 1, 7);
+  CHECK(!pending(*s0));
+  // a send of more than a ring stays queued; the small ones after it, of the
+  // same tag and of another, must not overtake it (its fragments would be
+  // interleaved with theirs)
+  const std::size_t n = 3 * dpkit::detail::shm_p2p_ring_bytes(2) + 5;
+  const auto big = pattern(0, 1, 1, n);
+  const auto small = pattern(0, 1, 2, 64);
+  const auto other = pattern(0, 1, 3, 16);
+  auto s1 = s.post_send(big.data(), n, 1, 7);
+  r.progress(); // the receiver drains the ring (into an early buffer): there is room again, s1 still queued
+  auto s2 = s.post_send(small.data(), small.size(), 1, 7);
+  auto s3 = s.post_send(other.data(), other.size(), 1, 8);
+  CHECK(pending(*s1));
+  CHECK(pending(*s2)); // queued behind s1, not written ahead of it
+  CHECK(pending(*s3));
+  std::vector<std::byte> g0(first.size()), g1(n), g2(small.size()), g3(other.size());
+  auto r3 = r.post_recv(g3.data(), g3.size(), 0, 8);
+  auto r0 = r.post_recv(g0.data(), g0.size(), 0, 7);
+  auto r1 = r.post_recv(g1.data(), g1.size(), 0, 7);
+  auto r2 = r.post_recv(g2.data(), g2.size(), 0, 7);
+  for (auto* op : {r0.get(), r1.get(), r2.get(), r3.get()}) drive({&s, &r}, *op);
+  for (auto* op : {r0.get(), r1.get(), r2.get(), r3.get(), s1.get(), s2.get(), s3.get()})
+    CHECK_MESSAGE(op->state.load() == shm_p2p_op::done, op->error);
+  CHECK(g0 == first);
+  CHECK(g1 == big);
+  CHECK(g2 == small);
+  CHECK(g3 == other);
+}
+
 TEST_CASE("shm p2p: early messages below the single-copy threshold take the buffers the engine faulted in at "
           "start, and give them back; a larger one allocates its own") {
   area a(2);

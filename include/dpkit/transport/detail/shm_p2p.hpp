@@ -310,8 +310,10 @@ public:
   std::shared_ptr<shm_p2p_op> post_send(const std::byte* data, std::size_t bytes, int peer, int tag) override {
     auto op = make(true, const_cast<std::byte*>(data), bytes, peer, tag);
     std::lock_guard lk(mu_);
-    out_[static_cast<std::size_t>(peer)].push_back(op);
-    pump_out(peer);
+    if (!put_whole(peer, *op)) {
+      out_[static_cast<std::size_t>(peer)].push_back(op);
+      pump_out(peer);
+    }
     return op;
   }
   /// Posts a receive of exactly `bytes` into `data` from `peer` with `tag`:
@@ -403,6 +405,9 @@ public:
   /// afterwards). Returns true when it was pending (the caller fails the
   /// transport: a half-sent message cannot be taken back).
   bool withdraw(shm_p2p_op& op) override {
+    // done and failed are final, and an op in either is no longer touched:
+    // a completed request's destructor (every request's) needs no lock
+    if (op.state.load(std::memory_order_acquire) != shm_p2p_op::pending) return false;
     std::lock_guard lk(mu_);
     if (op.state.load(std::memory_order_acquire) != shm_p2p_op::pending) return false;
     const auto p = static_cast<std::size_t>(op.peer);
@@ -615,6 +620,34 @@ private:
     return moved;
   }
 
+  // A send that can leave whole at once (nothing queued before it to `p`,
+  // below the single-copy threshold, one fragment, room in the ring) is
+  // written and completed here without entering the queue, whose
+  // bookkeeping (a shared_ptr copy and a deque node in and out) lay on the
+  // critical path of every small message. With withdraw's lock-free look
+  // and begin_message's pop_front: a round trip of 8 B between two engines
+  // on one core 237-263 -> 164-189 ns of CPU; allreduce_perf's tree at
+  // 2 KiB, 2 ranks launched from a store, 1.11-1.13 -> 0.99-1.04 us.
+  // Returns false, touching nothing, otherwise (caller holds mu_).
+  bool put_whole(int p, shm_p2p_op& o) {
+    const auto i = static_cast<std::size_t>(p);
+    if (!out_[i].empty() || !acks_[i].empty() || o.bytes >= cma_bytes_ || o.bytes > cap_ / 4) return false;
+    const std::size_t need = 16 + pad16(o.bytes);
+    std::uint64_t head = head_[i];
+    if (cap_ - static_cast<std::size_t>(head - seen_tail_[i]) < need) {
+      seen_tail_[i] = ctl(rank_, p).tail.load(std::memory_order_acquire);
+      if (cap_ - static_cast<std::size_t>(head - seen_tail_[i]) < need) return false;
+    }
+    put(ring_data(rank_, p), head, o.tag, shm_p2p_data, o.data, o.bytes, o.bytes);
+    ctl(rank_, p).head.store(head, std::memory_order_release);
+    head_[i] = head;
+    o.moved = o.bytes;
+    o.started = true;
+    o.state.store(shm_p2p_op::done, std::memory_order_release);
+    ring_bell(p);
+    return true;
+  }
+
   // A request to send (id, addr) from rank `p` matched receive `recv`: its
   // read waits for the end of progress() (caller holds mu_).
   void queue_read(const std::shared_ptr<shm_p2p_op>& recv, int p, std::uint64_t id, std::uint64_t addr) {
@@ -745,8 +778,9 @@ private:
     s.discard = false;
     for (auto it = s.posted.begin(); it != s.posted.end(); ++it) {
       if ((*it)->tag != h.tag) continue;
-      std::shared_ptr<shm_p2p_op> op = *it;
-      s.posted.erase(it);
+      std::shared_ptr<shm_p2p_op> op = std::move(*it);
+      if (it == s.posted.begin()) s.posted.pop_front(); // the usual case: no generic erase
+      else s.posted.erase(it);
       if (op->bytes != h.msg) {
         fail_op(*op, length_text(*op, h.msg));
         if (rts) acks_[static_cast<std::size_t>(p)].push_back({id, 0, nullptr}); // unread: the send completes
