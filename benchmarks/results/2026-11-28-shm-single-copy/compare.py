@@ -12,7 +12,8 @@ def parse(f):
         size = int(t[0]); d[(alg, size, 'oop')] = float(t[5]); d[(alg, size, 'ip')] = float(t[9])
         assert t[8] == '0' and t[12] == '0', (f, line)
     return d
-# usage: cmp.py dir  (files mpiN.txt storeN.txt)
+# usage: compare.py DIR [--rounds]  (files mpiN.txt storeN.txt; --rounds: also each round's count, the shm
+# all-reduce at 8 B on both launches (the VM's phase: ~0.22 us fast, ~0.6 slow) and the entries out)
 dr = sys.argv[1]
 mp = sorted(glob.glob(dr + '/mpi*.txt')); stf = sorted(glob.glob(dr + '/store*.txt'))
 M = [parse(f) for f in mp]; S = [parse(f) for f in stf]
@@ -35,3 +36,8 @@ for s in sizes:
         row.append('/'.join(cell))
     print(f'{s:>10} ' + ' '.join(f'{c:>13}' for c in row))
 print(f'within 10%: {tot-out}/{tot} over {n} rounds')
+if '--rounds' in sys.argv:
+    for i in range(n):
+        out_i = [(k, S[i][k] / M[i][k]) for k in keys if S[i][k] / M[i][k] > 1.10]
+        print(f"round {i + 1}: {len(keys) - len(out_i)}/{len(keys)} within 10%; shm 8 B store {S[i][('shm', 8, 'oop')]} "
+              f"mpirun {M[i][('shm', 8, 'oop')]} us; out: " + ' '.join(f'{a} {s} {p} {x:.2f}' for (a, s, p), x in out_i))
