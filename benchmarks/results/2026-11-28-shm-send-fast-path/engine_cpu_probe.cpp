@@ -1,6 +1,7 @@
 // The shared-memory engine's CPU per message: a round trip between two engines over one area, driven from one
 // thread on one core (no cache line moves between cores), and the four copies alone. Build:
-//   g++ -std=c++20 -O3 -DNDEBUG -Iinclude -pthread engine_cpu_probe.cpp -o probe; taskset -c 0 ./probe 8
+//   g++ -std=c++20 -O3 -DNDEBUG -Iinclude -pthread benchmarks/results/2026-11-28-shm-send-fast-path/engine_cpu_probe.cpp -o probe
+//   taskset -c 0 ./probe 8     (argument: message bytes, default 2048)
 #include <dpkit/core/errors.hpp>
 #include <dpkit/transport/detail/shm_segment.hpp>
 #include <dpkit/transport/detail/shm_p2p.hpp>

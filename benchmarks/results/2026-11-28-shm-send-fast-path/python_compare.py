@@ -1,6 +1,5 @@
 # dist_allreduce_perf tables: per-size store-launch/mpirun ratios (median of rounds, rounds in brackets).
 # Usage: python3 python_compare.py DIR torchrun mpirun   (or deb_env deb_mpirun)
-# per-size store/mpirun ratios of dist_allreduce_perf tables: DIR PREFIX_A PREFIX_B
 import sys, glob, statistics
 d, a, b = sys.argv[1:4]
 def parse(f):

@@ -558,18 +558,8 @@ private:
     shm_p2p_ring_ctl& c = ctl(rank_, p);
     std::byte* ring = ring_data(rank_, p);
     std::uint64_t head = head_[i];
-    // the tail as last read: the receiver's line is read again only when the
-    // ring looks too full for the next fragment (a read per send moved that
-    // line between the cores twice per message, the receiver's store and
-    // this load: 8 B ring all-reduce of 2 ranks 1.33 -> 1.02 us)
-    std::uint64_t tail = seen_tail_[i];
-    auto space = [&] { return cap_ - static_cast<std::size_t>(head - tail); };
-    auto room = [&](std::size_t need) {
-      if (space() >= need) return true;
-      tail = c.tail.load(std::memory_order_acquire);
-      seen_tail_[i] = tail;
-      return space() >= need;
-    };
+    auto space = [&] { return space_to(i, head); };
+    auto room = [&](std::size_t need) { return room_to(p, head, need); };
     const std::size_t max_frag = cap_ / 4;
     bool moved = false;
     while (!acks.empty() && room(32)) {
@@ -620,24 +610,35 @@ private:
     return moved;
   }
 
+  // Free bytes of the ring to peer `i` with its head at `head`, by the
+  // receiver's tail as last read (seen_tail_).
+  std::size_t space_to(std::size_t i, std::uint64_t head) const noexcept {
+    return cap_ - static_cast<std::size_t>(head - seen_tail_[i]);
+  }
+  // Whether `need` bytes fit in the ring to `p` with its head at `head`. The
+  // receiver's tail is read again only when the ring looks too full (a read
+  // per send moved that line between the cores twice per message, the
+  // receiver's store and this load: 8 B ring all-reduce of 2 ranks 1.33 ->
+  // 1.02 us).
+  bool room_to(int p, std::uint64_t head, std::size_t need) {
+    const auto i = static_cast<std::size_t>(p);
+    if (space_to(i, head) >= need) return true;
+    seen_tail_[i] = ctl(rank_, p).tail.load(std::memory_order_acquire);
+    return space_to(i, head) >= need;
+  }
+
   // A send that can leave whole at once (nothing queued before it to `p`,
   // below the single-copy threshold, one fragment, room in the ring) is
   // written and completed here without entering the queue, whose
   // bookkeeping (a shared_ptr copy and a deque node in and out) lay on the
-  // critical path of every small message. With withdraw's lock-free look
-  // and begin_message's pop_front: a round trip of 8 B between two engines
-  // on one core 237-263 -> 164-189 ns of CPU; allreduce_perf's tree at
-  // 2 KiB, 2 ranks launched from a store, 1.11-1.13 -> 0.99-1.04 us.
-  // Returns false, touching nothing, otherwise (caller holds mu_).
+  // critical path of every small message (benchmarks/results/
+  // 2026-11-28-shm-send-fast-path.md). Returns false, touching nothing,
+  // otherwise (caller holds mu_).
   bool put_whole(int p, shm_p2p_op& o) {
     const auto i = static_cast<std::size_t>(p);
     if (!out_[i].empty() || !acks_[i].empty() || o.bytes >= cma_bytes_ || o.bytes > cap_ / 4) return false;
-    const std::size_t need = 16 + pad16(o.bytes);
     std::uint64_t head = head_[i];
-    if (cap_ - static_cast<std::size_t>(head - seen_tail_[i]) < need) {
-      seen_tail_[i] = ctl(rank_, p).tail.load(std::memory_order_acquire);
-      if (cap_ - static_cast<std::size_t>(head - seen_tail_[i]) < need) return false;
-    }
+    if (!room_to(p, head, 16 + pad16(o.bytes))) return false;
     put(ring_data(rank_, p), head, o.tag, shm_p2p_data, o.data, o.bytes, o.bytes);
     ctl(rank_, p).head.store(head, std::memory_order_release);
     head_[i] = head;
