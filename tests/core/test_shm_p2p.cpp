@@ -151,7 +151,8 @@ TEST_CASE("shm p2p: ring sizes, and the area fits every pair") {
     CHECK((cap & (cap - 1)) == 0);
     CHECK(dpkit::detail::shm_p2p_area_bytes(n) % 4096 == 0);
     CHECK(dpkit::detail::shm_p2p_area_bytes(n) >=
-          static_cast<std::size_t>(n) * 64 + static_cast<std::size_t>(n * (n - 1)) * (128 + cap));
+          static_cast<std::size_t>(n) * 64 +
+              static_cast<std::size_t>(n * (n - 1)) * (sizeof(dpkit::detail::shm_p2p_ring_ctl) + cap));
   }
 }
 
@@ -352,12 +353,43 @@ TEST_CASE("shm p2p: a damaged ring fails the pending operations instead of readi
   // write a fragment header claiming more than a ring holds at the head of the ring 0 -> 1
   auto* ctl = reinterpret_cast<dpkit::detail::shm_p2p_ring_ctl*>(a.mem + 2 * sizeof(dpkit::detail::shm_p2p_bell));
   auto* data = reinterpret_cast<std::byte*>(ctl) + sizeof(dpkit::detail::shm_p2p_ring_ctl);
-  const dpkit::detail::shm_p2p_header h{3, 0xFFFFFFF0u, 64};
+  const dpkit::detail::shm_p2p_header h{3, 0xFFFFFFF0u, 64 | dpkit::detail::shm_p2p_published};
   std::memcpy(data, &h, sizeof h);
-  ctl->head.store(16);
   r.progress();
   CHECK(recv->state.load() == shm_p2p_op::failed);
   CHECK(recv->error.find("damaged fragment header") != std::string::npos);
+}
+
+TEST_CASE("shm p2p: a receiver stops after the last published fragment and never reads what an earlier lap left "
+          "in the ring beyond it") {
+  // The receiver polls the header word at its tail instead of a head
+  // counter; the sender clears the next header's word before it publishes a
+  // fragment. Without that clearing, the junk below (zero-byte messages of
+  // tag 5 with the published bit, as a ring's earlier lap can leave them
+  // anywhere a header may fall) would complete a receive no rank sent.
+  area a(2);
+  auto* ring = a.mem + 2 * sizeof(dpkit::detail::shm_p2p_bell) + sizeof(dpkit::detail::shm_p2p_ring_ctl); // 0 -> 1
+  const std::size_t cap = dpkit::detail::shm_p2p_ring_bytes(2);
+  const dpkit::detail::shm_p2p_header junk{5, 0, dpkit::detail::shm_p2p_published};
+  for (std::size_t at = 16; at < cap; at += 16) std::memcpy(ring + at, &junk, sizeof junk); // 0 holds nothing yet
+  shm_p2p s(0, 2, a.mem), r(1, 2, a.mem);
+  std::vector<std::byte> g(8);
+  auto ghost = r.post_recv(nullptr, 0, 0, 5);
+  auto recv = r.post_recv(g.data(), g.size(), 0, 4);
+  r.progress();
+  CHECK(pending(*ghost)); // nothing published at 0 yet
+  const auto d = pattern(0, 1, 0, 8);
+  auto send = s.post_send(d.data(), d.size(), 1, 4); // fragment at 0..31: the word at 32 is cleared first
+  CHECK(!pending(*send));
+  drive({&s, &r}, *recv);
+  CHECK(recv->state.load() == shm_p2p_op::done);
+  CHECK(g == d);
+  for (int k = 0; k < 100; ++k) r.progress();
+  CHECK(pending(*ghost));
+  auto zero = s.post_send(nullptr, 0, 1, 5); // a real one completes it
+  drive({&s, &r}, *ghost);
+  CHECK(ghost->state.load() == shm_p2p_op::done);
+  CHECK(!pending(*zero));
 }
 
 TEST_CASE("shm p2p: fail_all ends every pending send and receive with the reason") {
@@ -484,10 +516,17 @@ TEST_CASE("shm p2p: single copy: a receive completes only once its acknowledgeme
   // the sender's wait ended with the segment aborted by the leaver).
   area a(2);
   shm_p2p s(0, 2, a.mem, 1024), r(1, 2, a.mem, 1024);
-  const auto fill = pattern(1, 0, 0, 1000); // 301 of them: more than the ring from 1 to 0 holds; 0 does not drain yet
+  // The ring from 1 to 0 filled to the last byte (0 does not drain yet): a
+  // first message of 992 bytes (a 1008-byte fragment), then 1000-byte ones
+  // (1024 each): 255 of them take the rest of the 256 KiB but the 16 bytes
+  // kept for the next header's cleared word.
+  const auto first = pattern(1, 0, 0, 992);
+  r.post_send(first.data(), first.size(), 0, 7);
+  const auto fill = pattern(1, 0, 0, 1000); // 301 of them: more than the rest of the ring holds
   std::vector<std::shared_ptr<shm_p2p_op>> fills; // below the single-copy size: through the ring
   for (int k = 0; k < 301; ++k) fills.push_back(r.post_send(fill.data(), 1000, 0, 8)); // ~300 KiB
-  CHECK(pending(*fills.back())); // the ring from 1 to 0 is full
+  CHECK(!pending(*fills[254]));
+  CHECK(pending(*fills[255])); // the ring from 1 to 0 is full
   const auto d = pattern(0, 1, 0, 4096);
   auto send = s.post_send(d.data(), d.size(), 1, 9); // a request to send (4096 >= 1024)
   std::vector<std::byte> g(d.size());
@@ -497,6 +536,8 @@ TEST_CASE("shm p2p: single copy: a receive completes only once its acknowledgeme
   CHECK(pending(*recv));      // but its acknowledgement cannot be written yet
   CHECK(pending(*send));
   // rank 0 drains (the fill arrives early), the acknowledgement goes out
+  std::vector<std::byte> got_first(first.size());
+  s.post_recv(got_first.data(), got_first.size(), 1, 7);
   std::vector<std::vector<std::byte>> got(301, std::vector<std::byte>(1000));
   for (int k = 0; k < 301; ++k) s.post_recv(got[static_cast<std::size_t>(k)].data(), 1000, 1, 8);
   drive({&s, &r}, *recv);

@@ -6,16 +6,25 @@
 // Memory. An area after the ranks' regions of the node's segment
 // (store_bootstrap.hpp maps both at once): one doorbell line per rank, then
 // one ring per ordered pair of ranks (sender s, receiver r; the pair's two
-// directions are two rings), each a control part (head, written by the
-// sender only; tail, written by the receiver only; on lines of their own)
-// and `ring_bytes` of data (a power of two, shm_p2p_ring_bytes).
+// directions are two rings), each a control line (tail, written by the
+// receiver only) and `ring_bytes` of data (a power of two,
+// shm_p2p_ring_bytes).
 //
 // Messages. A message is cut into fragments; each fragment is a 16-byte
 // header (tag, fragment bytes, message bytes) and its payload, padded to 16
-// bytes, written at the ring's head; the sender then advances head (release)
-// and the receiver, after copying the fragment out, advances tail (release).
-// The sender reads tail only when the value it saw last leaves too little
-// room (one cache line fewer crossing the cores per message).
+// bytes, written at the sender's head. The header's last word (message
+// bytes with shm_p2p_published set) is written last (release), after the
+// payload and after the sender cleared the same word of the next header's
+// place: the receiver polls the header word at its tail, so the line that
+// tells it a fragment arrived is the fragment's own first line, as Open
+// MPI's vader polls its fast boxes (a separate head counter cost a second
+// dependent cache miss per message: the receiver first read the counter,
+// then the header it pointed to), and it stops at the cleared word, never
+// reading what an earlier lap left beyond the last fragment. After copying a
+// fragment out, the receiver advances tail (release). The sender reads tail
+// only when the value it saw last leaves too little room (one cache line
+// fewer crossing the cores per message); it keeps 16 bytes free for the
+// next header's cleared word.
 // The sends to one peer leave in posting order, one message after the other,
 // so a pair's messages with one tag arrive in posting order (MPI's
 // non-overtaking rule, the transport concept's). A message whose receive is
@@ -77,16 +86,15 @@
 
 namespace dpkit::detail {
 
-/// The control part of one directed ring (sender s to receiver r): head (the
-/// bytes the sender has written, ever) and tail (the bytes the receiver has
-/// consumed, ever), on cache lines of their own.
+/// The control part of one directed ring (sender s to receiver r): tail
+/// (the bytes the receiver has consumed, ever) on a cache line of its own.
+/// What the sender has written is told by the fragments' headers
+/// themselves (shm_p2p_published).
 struct alignas(64) shm_p2p_ring_ctl {
-  std::atomic<std::uint64_t> head{0};
-  char pad0[56];
   std::atomic<std::uint64_t> tail{0};
-  char pad1[56];
+  char pad[56];
 };
-static_assert(sizeof(shm_p2p_ring_ctl) == 128);
+static_assert(sizeof(shm_p2p_ring_ctl) == 64);
 
 /// A rank's doorbell: `ring` changes whenever a peer wrote to this rank or
 /// freed space this rank waits for, while `sleepers` is non-zero (the futex
@@ -111,6 +119,12 @@ struct shm_p2p_header {
   std::uint64_t msg;    // bytes of the whole message
 };
 static_assert(sizeof(shm_p2p_header) == 16);
+
+/// The bit of a header's `msg` word that says the fragment is complete in
+/// the ring (its sender writes the word last, with release); a word without
+/// it (zero: cleared by the sender, or a fresh ring) ends what the receiver
+/// may read.
+inline constexpr std::uint64_t shm_p2p_published = std::uint64_t{1} << 63;
 
 /// Kinds of fragment: message bytes; a request to send (payload: the
 /// send's id and the buffer's address in the sender; the receiver reads the
@@ -296,7 +310,13 @@ public:
     for (int p = 0; p < size; ++p) new (area + static_cast<std::size_t>(p) * sizeof(shm_p2p_bell)) shm_p2p_bell{};
     for (int s = 0; s < size; ++s)
       for (int r = 0; r < size; ++r)
-        if (r != s) new (ring_at(area, size, s, r)) shm_p2p_ring_ctl{};
+        if (r != s) {
+          std::byte* c = ring_at(area, size, s, r);
+          new (c) shm_p2p_ring_ctl{};
+          // the first header's word: nothing published (a segment's memory
+          // is zero-filled when created; this holds for any memory)
+          std::memset(c + sizeof(shm_p2p_ring_ctl), 0, sizeof(shm_p2p_header));
+        }
   }
   shm_p2p(const shm_p2p&) = delete;
   shm_p2p& operator=(const shm_p2p&) = delete;
@@ -482,7 +502,7 @@ private:
   }
   void ring_bell(int p) noexcept {
     shm_p2p_bell& b = bell(p);
-    std::atomic_thread_fence(std::memory_order_seq_cst); // the head/tail store before the look at sleepers
+    std::atomic_thread_fence(std::memory_order_seq_cst); // the header/tail store before the look at sleepers
     if (b.sleepers.load(std::memory_order_seq_cst) != 0) {
       b.ring.fetch_add(1, std::memory_order_seq_cst);
       shm_futex_wake(reinterpret_cast<std::uint32_t*>(&b.ring));
@@ -496,7 +516,7 @@ private:
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
       const auto i = static_cast<std::size_t>(p);
-      if (ctl(p, rank_).head.load(std::memory_order_acquire) != tail_[i]) return true;
+      if (header_word(ring_data(p, rank_), tail_[i]).load(std::memory_order_acquire) & shm_p2p_published) return true;
       if ((!out_[i].empty() || !acks_[i].empty()) &&
           ctl(rank_, p).tail.load(std::memory_order_acquire) != seen_tail_[i])
         return true;
@@ -513,6 +533,14 @@ private:
       if (n > first) std::memcpy(buf + first, ring, n - first);
     }
   }
+  // The `msg` word of the header at stream offset `pos` (16-byte aligned: a
+  // header never wraps) of a ring: written last by the sender (release),
+  // polled by the receiver (acquire).
+  std::atomic_ref<std::uint64_t> header_word(const std::byte* ring, std::uint64_t pos) const noexcept {
+    auto* w = const_cast<std::uint64_t*>(reinterpret_cast<const std::uint64_t*>(
+        ring + static_cast<std::size_t>(pos & (cap_ - 1)) + offsetof(shm_p2p_header, msg)));
+    return std::atomic_ref<std::uint64_t>(*w);
+  }
   void ring_write(std::byte* ring, std::uint64_t pos, const std::byte* buf, std::size_t n) const noexcept {
     const std::size_t at = static_cast<std::size_t>(pos & (cap_ - 1));
     const std::size_t first = std::min(n, cap_ - at);
@@ -520,13 +548,19 @@ private:
     if (n > first) std::memcpy(ring, buf + first, n - first);
   }
 
-  // Writes one fragment at `head` of the ring to `p` (the caller checked the space).
+  // Writes one fragment at `head` of the ring to `p` and publishes it (the
+  // caller checked the space, 16 bytes past the fragment included): the
+  // payload, the next header's word cleared, then this header, its `msg`
+  // word last (release).
   void put(std::byte* ring, std::uint64_t& head, int tag, std::uint32_t kind, const std::byte* payload,
            std::size_t len, std::uint64_t msg) noexcept {
-    const shm_p2p_header h{tag, (kind << 28) | static_cast<std::uint32_t>(len), msg};
-    ring_write(ring, head, reinterpret_cast<const std::byte*>(&h), sizeof h);
     if (len) ring_write(ring, head + 16, payload, len);
-    head += 16 + pad16(len);
+    const std::uint64_t next = head + 16 + pad16(len);
+    header_word(ring, next).store(0, std::memory_order_relaxed); // ordered before the release below
+    const shm_p2p_header h{tag, (kind << 28) | static_cast<std::uint32_t>(len), 0};
+    ring_write(ring, head, reinterpret_cast<const std::byte*>(&h), offsetof(shm_p2p_header, msg));
+    header_word(ring, head).store(msg | shm_p2p_published, std::memory_order_release);
+    head = next;
   }
 
   // Whether peer `p` may read this rank's memory (process_vm_readv): tried
@@ -555,7 +589,6 @@ private:
     auto& q = out_[i];
     auto& acks = acks_[i];
     if (q.empty() && acks.empty()) return false;
-    shm_p2p_ring_ctl& c = ctl(rank_, p);
     std::byte* ring = ring_data(rank_, p);
     std::uint64_t head = head_[i];
     auto space = [&] { return space_to(i, head); };
@@ -565,7 +598,6 @@ private:
     while (!acks.empty() && room(32)) {
       const std::uint64_t payload[2] = {acks.front().id, acks.front().err};
       put(ring, head, 0, shm_p2p_ack, reinterpret_cast<const std::byte*>(payload), sizeof payload, 0);
-      c.head.store(head, std::memory_order_release);
       // the receive it acknowledges completes only now: a rank that left
       // once its receives were done would otherwise strand the sender
       if (acks.front().recv) {
@@ -582,7 +614,6 @@ private:
         o.id = next_id_[i]++;
         const std::uint64_t payload[2] = {o.id, static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(o.data))};
         put(ring, head, o.tag, shm_p2p_rts, reinterpret_cast<const std::byte*>(payload), sizeof payload, o.bytes);
-        c.head.store(head, std::memory_order_release);
         o.started = true;
         moved = true;
         awaiting_[i].push_back(q.front()); // done when the receiver acknowledges
@@ -596,7 +627,6 @@ private:
       if (!room(16 + std::min(remaining, max_frag)) && space() < 16 + std::min<std::size_t>(remaining, 4096)) break;
       const std::size_t frag = std::min({remaining, space() - 16, max_frag});
       put(ring, head, o.tag, shm_p2p_data, o.data + o.moved, frag, o.bytes);
-      c.head.store(head, std::memory_order_release);
       o.moved += frag;
       o.started = true;
       moved = true;
@@ -611,9 +641,10 @@ private:
   }
 
   // Free bytes of the ring to peer `i` with its head at `head`, by the
-  // receiver's tail as last read (seen_tail_).
+  // receiver's tail as last read (seen_tail_), less the 16 bytes kept for
+  // the next header's cleared word (put).
   std::size_t space_to(std::size_t i, std::uint64_t head) const noexcept {
-    return cap_ - static_cast<std::size_t>(head - seen_tail_[i]);
+    return cap_ - 16 - static_cast<std::size_t>(head - seen_tail_[i]);
   }
   // Whether `need` bytes fit in the ring to `p` with its head at `head`. The
   // receiver's tail is read again only when the ring looks too full (a read
@@ -640,7 +671,6 @@ private:
     std::uint64_t head = head_[i];
     if (!room_to(p, head, 16 + pad16(o.bytes))) return false;
     put(ring_data(rank_, p), head, o.tag, shm_p2p_data, o.data, o.bytes, o.bytes);
-    ctl(rank_, p).head.store(head, std::memory_order_release);
     head_[i] = head;
     o.moved = o.bytes;
     o.started = true;
@@ -677,18 +707,24 @@ private:
     shm_p2p_ring_ctl& c = ctl(p, rank_);
     const std::byte* ring = ring_data(p, rank_);
     std::uint64_t tail = tail_[i];
-    std::uint64_t head = c.head.load(std::memory_order_acquire);
+    const std::uint64_t start = tail;
     incoming& s = in_[i];
     bool moved = false;
-    while (head - tail >= 16) {
+    // at most a ring's length per call: a ring that memory written by
+    // something else fills with headers that look published cannot keep
+    // this rank's wait (and its deadline) inside one call
+    while (tail - start < cap_) {
+      const std::uint64_t word = header_word(ring, tail).load(std::memory_order_acquire);
+      if (!(word & shm_p2p_published)) break; // nothing (more) published
       shm_p2p_header h;
-      ring_read(ring, tail, reinterpret_cast<std::byte*>(&h), sizeof h);
+      ring_read(ring, tail, reinterpret_cast<std::byte*>(&h), offsetof(shm_p2p_header, msg));
+      h.msg = word & ~shm_p2p_published;
       const std::uint32_t kind = h.frag >> 28;
       const std::size_t len = h.frag & shm_p2p_len_mask;
       const bool data = kind == shm_p2p_data;
-      if (len > cap_ - 16 || kind > shm_p2p_ack || (!data && len != 16) || (kind == shm_p2p_rts && s.active) ||
+      if (len > cap_ - 32 || kind > shm_p2p_ack || (!data && len != 16) || (kind == shm_p2p_rts && s.active) ||
           (data && s.active && (h.tag != s.tag || h.msg != s.msg || s.got + len > s.msg)) ||
-          (data && !s.active && len > h.msg) || head - tail < 16 + pad16(len)) {
+          (data && !s.active && len > h.msg)) {
         // a damaged ring (memory written by something else): stop reading it
         const std::string why = "the shared-memory ring from rank " + std::to_string(p) + " to rank " + std::to_string(rank_) +
                    " holds a damaged fragment header (kind " + std::to_string(kind) + ", tag " +
@@ -741,7 +777,6 @@ private:
       tail += 16 + pad16(len);
       c.tail.store(tail, std::memory_order_release);
       moved = true;
-      if (head - tail < 16) head = c.head.load(std::memory_order_acquire);
     }
     tail_[i] = tail;
     if (moved) ring_bell(p); // the sender may wait for space
