@@ -125,6 +125,9 @@ static_assert(sizeof(shm_p2p_header) == 16);
 /// it (zero: cleared by the sender, or a fresh ring) ends what the receiver
 /// may read.
 inline constexpr std::uint64_t shm_p2p_published = std::uint64_t{1} << 63;
+// The header word is shared between processes: its atomic operations must
+// not go through a lock of one process's address space.
+static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free);
 
 /// Kinds of fragment: message bytes; a request to send (payload: the
 /// send's id and the buffer's address in the sender; the receiver reads the
