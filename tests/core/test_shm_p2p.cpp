@@ -14,6 +14,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -390,6 +392,45 @@ TEST_CASE("shm p2p: a receiver stops after the last published fragment and never
   drive({&s, &r}, *ghost);
   CHECK(ghost->state.load() == shm_p2p_op::done);
   CHECK(!pending(*zero));
+}
+
+TEST_CASE("shm p2p: a ring that something else filled with published-looking fragments at every position, 0 "
+          "included, cannot keep progress() from returning") {
+  // Junk acknowledgements of a send nobody made, each 32 bytes, cover the
+  // whole ring: whatever the tail, the word there says "published", so a
+  // receiver without the bound of one ring's length per call would loop in
+  // progress() forever and no deadline of a wait around it could fire.
+  area a(2);
+  auto* ring = a.mem + 2 * sizeof(dpkit::detail::shm_p2p_bell) + sizeof(dpkit::detail::shm_p2p_ring_ctl); // 0 -> 1
+  const std::size_t cap = dpkit::detail::shm_p2p_ring_bytes(2);
+  shm_p2p r(1, 2, a.mem);
+  std::vector<std::byte> g(8);
+  auto recv = r.post_recv(g.data(), g.size(), 0, 4); // before the junk: posting reads the ring too
+  const dpkit::detail::shm_p2p_header junk{0, (std::uint32_t{dpkit::detail::shm_p2p_ack} << 28) | 16,
+                                           dpkit::detail::shm_p2p_published | 16};
+  const std::uint64_t payload[2] = {0xdead'beefu, 0}; // an id no send of this engine has
+  for (std::size_t at = 0; at < cap; at += 32) {
+    std::memcpy(ring + at, &junk, sizeof junk);
+    std::memcpy(ring + at + 16, payload, sizeof payload);
+  }
+  std::atomic<int> calls{0};
+  std::thread t([&] {
+    for (int k = 0; k < 3; ++k) {
+      r.progress();
+      ++calls;
+    }
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (calls.load() < 3 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (calls.load() < 3) {
+    // progress() does not return: the thread cannot be joined, so end here
+    MESSAGE("progress() has not returned after 20 s on a ring full of published junk");
+    std::fflush(nullptr);
+    std::abort();
+  }
+  t.join();
+  CHECK(pending(*recv)); // acknowledgements complete no receive
 }
 
 TEST_CASE("shm p2p: fail_all ends every pending send and receive with the reason") {
