@@ -33,16 +33,20 @@ namespace {
 using dpkit::detail::shm_p2p;
 using dpkit::detail::shm_p2p_op;
 
-// An area for n ranks, as store_map_segment's creator leaves it.
+// An area for n ranks, as store_map_segment's creator leaves it: rings of
+// the size for ranks with cores of their own (8 KiB), or with `share_cores`
+// of the size for ranks that share them (256 KiB for a few ranks).
 struct area {
-  explicit area(int n) : bytes(dpkit::detail::shm_p2p_area_bytes(n)) {
+  explicit area(int n, bool share_cores = false)
+      : ring(dpkit::detail::shm_p2p_ring_bytes(n, share_cores)), bytes(dpkit::detail::shm_p2p_area_bytes(n, ring)) {
     mem = static_cast<std::byte*>(::operator new(bytes, std::align_val_t{64}));
     std::fill(mem, mem + bytes, std::byte{0});
-    shm_p2p::init_area(mem, n);
+    shm_p2p::init_area(mem, n, ring);
   }
   ~area() { ::operator delete(mem, std::align_val_t{64}); }
   area(const area&) = delete;
   area& operator=(const area&) = delete;
+  std::size_t ring;
   std::size_t bytes;
   std::byte* mem;
 };
@@ -112,18 +116,20 @@ TEST_CASE("shm p2p: prefault maps every page of every ring in, the last page of 
   // A ring's data starts 128 bytes past its control part, which is not on a
   // page: stepping 4096 bytes from its start missed its last page, which
   // the first wrap of the ring then faulted in inside a timed collective.
-  for (int n : {2, 3}) {
+  for (int n : {2, 3})
+  for (bool share_cores : {false, true}) {
     CAPTURE(n);
-    fresh_shared area(dpkit::detail::shm_p2p_area_bytes(n));
-    shm_p2p::init_area(area.mem, n);
-    for (int r = 0; r < n; ++r) shm_p2p::prefault(area.mem, r, n); // every rank's view is this process here
-    const std::size_t cap = dpkit::detail::shm_p2p_ring_bytes(n);
+    CAPTURE(share_cores);
+    const std::size_t cap = dpkit::detail::shm_p2p_ring_bytes(n, share_cores);
+    fresh_shared area(dpkit::detail::shm_p2p_area_bytes(n, cap));
+    shm_p2p::init_area(area.mem, n, cap);
+    for (int r = 0; r < n; ++r) shm_p2p::prefault(area.mem, r, n, cap); // every rank's view is this process here
     for (int s = 0; s < n; ++s)
       for (int r = 0; r < n; ++r) {
         if (s == r) continue;
         CAPTURE(s);
         CAPTURE(r);
-        const std::byte* data = shm_p2p::ring_at(area.mem, n, s, r) + sizeof(dpkit::detail::shm_p2p_ring_ctl);
+        const std::byte* data = shm_p2p::ring_at(area.mem, n, cap, s, r) + sizeof(dpkit::detail::shm_p2p_ring_ctl);
         CHECK(absent_pages(data, cap).empty());
       }
   }
@@ -143,19 +149,33 @@ TEST_CASE("shm p2p: prefault maps every page of every ring in, the last page of 
 }
 
 TEST_CASE("shm p2p: ring sizes, and the area fits every pair") {
-  CHECK(dpkit::detail::shm_p2p_ring_bytes(1) == 0);
-  CHECK(dpkit::detail::shm_p2p_area_bytes(1) == 0);
-  CHECK(dpkit::detail::shm_p2p_ring_bytes(2) == 256u << 10);
-  CHECK(dpkit::detail::shm_p2p_ring_bytes(16) * 16 * 15 <= 64u << 20);
-  CHECK(dpkit::detail::shm_p2p_ring_bytes(64) == 16u << 10); // the floor
-  for (int n : {2, 3, 5, 16}) {
-    const std::size_t cap = dpkit::detail::shm_p2p_ring_bytes(n);
-    CHECK((cap & (cap - 1)) == 0);
-    CHECK(dpkit::detail::shm_p2p_area_bytes(n) % 4096 == 0);
-    CHECK(dpkit::detail::shm_p2p_area_bytes(n) >=
-          static_cast<std::size_t>(n) * 64 +
-              static_cast<std::size_t>(n * (n - 1)) * (sizeof(dpkit::detail::shm_p2p_ring_ctl) + cap));
-  }
+  using dpkit::detail::shm_p2p_ring_bytes;
+  CHECK(shm_p2p_ring_bytes(1) == 0);
+  CHECK(shm_p2p_ring_bytes(1, true) == 0);
+  CHECK(dpkit::detail::shm_p2p_area_bytes(1, 0) == 0);
+  // ranks with cores of their own: small rings; ranks that share cores: large ones
+  CHECK(shm_p2p_ring_bytes(2) == 8u << 10);
+  CHECK(shm_p2p_ring_bytes(2, true) == 256u << 10);
+  CHECK(shm_p2p_ring_bytes(16, true) * 16 * 15 <= 64u << 20);
+  CHECK(shm_p2p_ring_bytes(64, true) == 16u << 10); // the floor
+  CHECK(shm_p2p_ring_bytes(91) == 8u << 10);        // 91 x 90 rings of 8 KiB: 63.3 MiB
+  CHECK(shm_p2p_ring_bytes(92) == 4u << 10);
+  CHECK(shm_p2p_ring_bytes(512) == 4u << 10);       // the floor
+  for (int n : {2, 3, 5, 16, 64, 128})
+    for (bool share_cores : {false, true}) {
+      CAPTURE(n);
+      CAPTURE(share_cores);
+      const std::size_t cap = shm_p2p_ring_bytes(n, share_cores);
+      CHECK(dpkit::detail::shm_p2p_ring_bytes_valid(cap));
+      CHECK(dpkit::detail::shm_p2p_area_bytes(n, cap) % 4096 == 0);
+      CHECK(dpkit::detail::shm_p2p_area_bytes(n, cap) >=
+            static_cast<std::size_t>(n) * 64 +
+                static_cast<std::size_t>(n * (n - 1)) * (sizeof(dpkit::detail::shm_p2p_ring_ctl) + cap));
+    }
+  CHECK(!dpkit::detail::shm_p2p_ring_bytes_valid(0));
+  CHECK(!dpkit::detail::shm_p2p_ring_bytes_valid(2048));
+  CHECK(!dpkit::detail::shm_p2p_ring_bytes_valid(12u << 10));
+  CHECK(!dpkit::detail::shm_p2p_ring_bytes_valid(32u << 20));
 }
 
 TEST_CASE("shm p2p: every pair of 3 ranks (threads), sizes from 0 bytes to 4 ring lengths, one tag reused, "
@@ -164,12 +184,16 @@ TEST_CASE("shm p2p: every pair of 3 ranks (threads), sizes from 0 bytes to 4 rin
   // through the rings only, and with every message of 4 KiB or more read
   // from the sender's memory (a request to send, acknowledged)
   std::size_t cma = SIZE_MAX;
+  bool share_cores = false;
   SUBCASE("rings only") {}
   SUBCASE("single copy from 4 KiB") { cma = 4096; }
+  SUBCASE("rings only, the rings of ranks that share cores") { share_cores = true; }
   CAPTURE(cma);
-  area a(n);
-  const std::vector<std::size_t> sizes = {0, 1, 15, 16, 17, 4095, 4096, 65537, (256u << 10) - 16, (1u << 20) + 3};
-  const auto errors = p2p_test::exchange_matrix(n, sizes, [&](int r) { return std::make_unique<shm_p2p>(r, n, a.mem, cma); });
+  CAPTURE(share_cores);
+  area a(n, share_cores);
+  const std::vector<std::size_t> sizes = {0,     1,          15,         16,    17, 4095, 4096, a.ring / 4, a.ring / 4 + 1,
+                                          65537, a.ring - 16, a.ring + 1, (256u << 10) - 16, (1u << 20) + 3};
+  const auto errors = p2p_test::exchange_matrix(n, sizes, [&](int r) { return std::make_unique<shm_p2p>(r, n, a.mem, a.ring, cma); });
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
     CHECK(errors[static_cast<std::size_t>(r)] == "");
@@ -178,7 +202,7 @@ TEST_CASE("shm p2p: every pair of 3 ranks (threads), sizes from 0 bytes to 4 rin
 
 TEST_CASE("shm p2p: a message that arrives before its receive, partly, is completed into the receive") {
   area a(2);
-  shm_p2p s(0, 2, a.mem, SIZE_MAX), r(1, 2, a.mem, SIZE_MAX);
+  shm_p2p s(0, 2, a.mem, a.ring, SIZE_MAX), r(1, 2, a.mem, a.ring, SIZE_MAX);
   const std::size_t n = (3u << 20) + 5; // 12 ring lengths
   const auto data = pattern(0, 1, 0, n);
   auto send = s.post_send(data.data(), n, 1, 42);
@@ -211,7 +235,7 @@ TEST_CASE("shm p2p: a message that arrives before its receive, partly, is comple
 TEST_CASE("shm p2p: a small send behind a queued one waits its turn; with nothing queued it leaves and completes "
           "at once") {
   area a(2);
-  shm_p2p s(0, 2, a.mem, SIZE_MAX), r(1, 2, a.mem, SIZE_MAX);
+  shm_p2p s(0, 2, a.mem, a.ring, SIZE_MAX), r(1, 2, a.mem, a.ring, SIZE_MAX);
   // nothing queued: a small send is in the ring and complete when post_send returns
   const auto first = pattern(0, 1, 0, 2048);
   auto s0 = s.post_send(first.data(), first.size(), 1, 7);
@@ -219,7 +243,7 @@ TEST_CASE("shm p2p: a small send behind a queued one waits its turn; with nothin
   // a send of more than a ring stays queued; the small ones after it, of the
   // same tag and of another, must not overtake it (its fragments would be
   // interleaved with theirs)
-  const std::size_t n = 3 * dpkit::detail::shm_p2p_ring_bytes(2) + 5;
+  const std::size_t n = 3 * a.ring + 5;
   const auto big = pattern(0, 1, 1, n);
   const auto small = pattern(0, 1, 2, 64);
   const auto other = pattern(0, 1, 3, 16);
@@ -247,7 +271,7 @@ TEST_CASE("shm p2p: a small send behind a queued one waits its turn; with nothin
 TEST_CASE("shm p2p: early messages below the single-copy threshold take the buffers the engine faulted in at "
           "start, and give them back; a larger one allocates its own") {
   area a(2);
-  shm_p2p s(0, 2, a.mem, SIZE_MAX), r(1, 2, a.mem, SIZE_MAX);
+  shm_p2p s(0, 2, a.mem, a.ring, SIZE_MAX), r(1, 2, a.mem, a.ring, SIZE_MAX);
   const std::vector<std::size_t> start(dpkit::detail::shm_p2p_early_buffers,
                                        dpkit::detail::shm_p2p_early_buffer_bytes);
   CHECK(r.spare_capacities() == start);
@@ -288,7 +312,7 @@ TEST_CASE("shm p2p: early messages below the single-copy threshold take the buff
 
 TEST_CASE("shm p2p: a receive whose length differs from its send fails naming both lengths; later messages still match") {
   area a(2);
-  shm_p2p s(0, 2, a.mem), r(1, 2, a.mem);
+  shm_p2p s(0, 2, a.mem, a.ring), r(1, 2, a.mem, a.ring);
   const auto d = pattern(0, 1, 0, 64);
   const auto d2 = pattern(0, 1, 1, 32);
   std::vector<std::byte> g(48), g2(32);
@@ -316,7 +340,7 @@ TEST_CASE("shm p2p: a receive whose length differs from its send fails naming bo
 
 TEST_CASE("shm p2p: a withdrawn receive's buffer is never written; withdraw says whether the op was pending") {
   area a(2);
-  shm_p2p s(0, 2, a.mem, SIZE_MAX), r(1, 2, a.mem, SIZE_MAX);
+  shm_p2p s(0, 2, a.mem, a.ring, SIZE_MAX), r(1, 2, a.mem, a.ring, SIZE_MAX);
   std::vector<std::byte> g(1u << 20, std::byte{0x5a});
   auto recv = r.post_recv(g.data(), g.size(), 0, 9);
   const auto d = pattern(0, 1, 0, g.size());
@@ -333,7 +357,7 @@ TEST_CASE("shm p2p: a withdrawn receive's buffer is never written; withdraw says
 
 TEST_CASE("shm p2p: an unreceived message of another collective at the same sequence number is found") {
   area a(2);
-  shm_p2p s(0, 2, a.mem), r(1, 2, a.mem);
+  shm_p2p s(0, 2, a.mem, a.ring), r(1, 2, a.mem, a.ring);
   const int mine = dpkit::detail::checked_tag_base(5, 0x1234);
   const int theirs = dpkit::detail::checked_tag_base(5, 0x4321);
   const int later = dpkit::detail::checked_tag_base(6, 0x4321);
@@ -349,7 +373,7 @@ TEST_CASE("shm p2p: an unreceived message of another collective at the same sequ
 
 TEST_CASE("shm p2p: a damaged ring fails the pending operations instead of reading out of bounds") {
   area a(2);
-  shm_p2p s(0, 2, a.mem), r(1, 2, a.mem);
+  shm_p2p s(0, 2, a.mem, a.ring), r(1, 2, a.mem, a.ring);
   std::vector<std::byte> g(64);
   auto recv = r.post_recv(g.data(), 64, 0, 3);
   // write a fragment header claiming more than a ring holds at the head of the ring 0 -> 1
@@ -371,10 +395,10 @@ TEST_CASE("shm p2p: a receiver stops after the last published fragment and never
   // anywhere a header may fall) would complete a receive no rank sent.
   area a(2);
   auto* ring = a.mem + 2 * sizeof(dpkit::detail::shm_p2p_bell) + sizeof(dpkit::detail::shm_p2p_ring_ctl); // 0 -> 1
-  const std::size_t cap = dpkit::detail::shm_p2p_ring_bytes(2);
+  const std::size_t cap = a.ring;
   const dpkit::detail::shm_p2p_header junk{5, 0, dpkit::detail::shm_p2p_published};
   for (std::size_t at = 16; at < cap; at += 16) std::memcpy(ring + at, &junk, sizeof junk); // 0 holds nothing yet
-  shm_p2p s(0, 2, a.mem), r(1, 2, a.mem);
+  shm_p2p s(0, 2, a.mem, a.ring), r(1, 2, a.mem, a.ring);
   std::vector<std::byte> g(8);
   auto ghost = r.post_recv(nullptr, 0, 0, 5);
   auto recv = r.post_recv(g.data(), g.size(), 0, 4);
@@ -402,8 +426,8 @@ TEST_CASE("shm p2p: a ring that something else filled with published-looking fra
   // progress() forever and no deadline of a wait around it could fire.
   area a(2);
   auto* ring = a.mem + 2 * sizeof(dpkit::detail::shm_p2p_bell) + sizeof(dpkit::detail::shm_p2p_ring_ctl); // 0 -> 1
-  const std::size_t cap = dpkit::detail::shm_p2p_ring_bytes(2);
-  shm_p2p r(1, 2, a.mem);
+  const std::size_t cap = a.ring;
+  shm_p2p r(1, 2, a.mem, a.ring);
   std::vector<std::byte> g(8);
   auto recv = r.post_recv(g.data(), g.size(), 0, 4); // before the junk: posting reads the ring too
   const dpkit::detail::shm_p2p_header junk{0, (std::uint32_t{dpkit::detail::shm_p2p_ack} << 28) | 16,
@@ -435,7 +459,7 @@ TEST_CASE("shm p2p: a ring that something else filled with published-looking fra
 
 TEST_CASE("shm p2p: fail_all ends every pending send and receive with the reason") {
   area a(2);
-  shm_p2p s(0, 2, a.mem, SIZE_MAX);
+  shm_p2p s(0, 2, a.mem, a.ring, SIZE_MAX);
   std::vector<std::byte> big(1u << 20), g(8);
   auto send = s.post_send(big.data(), big.size(), 1, 1); // more than a ring: stays pending
   auto recv = s.post_recv(g.data(), 8, 1, 2);
@@ -449,7 +473,7 @@ TEST_CASE("shm p2p: fail_all ends every pending send and receive with the reason
 
 TEST_CASE("shm p2p: a sleeping receiver is woken by the send") {
   area a(2);
-  shm_p2p s(0, 2, a.mem), r(1, 2, a.mem);
+  shm_p2p s(0, 2, a.mem, a.ring), r(1, 2, a.mem, a.ring);
   std::vector<std::byte> g(16);
   auto recv = r.post_recv(g.data(), 16, 0, 1);
   std::atomic<bool> woke{false};
@@ -474,7 +498,7 @@ TEST_CASE("shm p2p: a sleeping receiver is woken by the send") {
 TEST_CASE("shm p2p: single copy: an early request to send is read when its receive is posted; a wrong length "
           "completes the send and fails the receive") {
   area a(2);
-  shm_p2p s(0, 2, a.mem, 1024), r(1, 2, a.mem, 1024);
+  shm_p2p s(0, 2, a.mem, a.ring, 1024), r(1, 2, a.mem, a.ring, 1024);
   const auto d = pattern(0, 1, 0, 100000);
   auto send = s.post_send(d.data(), d.size(), 1, 4);
   r.progress(); // the request to send arrives first
@@ -500,7 +524,7 @@ TEST_CASE("shm p2p: single copy: an early request to send is read when its recei
 
 TEST_CASE("shm p2p: single copy: a read that fails fails the receive and the send, naming process_vm_readv") {
   area a(2);
-  shm_p2p s(0, 2, a.mem, 1024), r(1, 2, a.mem, 1024);
+  shm_p2p s(0, 2, a.mem, a.ring, 1024), r(1, 2, a.mem, a.ring, 1024);
   // the sender has checked the single copy (its first large send), then its
   // doorbell line names a process that does not exist
   const auto d = pattern(0, 1, 0, 4096);
@@ -524,8 +548,8 @@ TEST_CASE("shm p2p: single copy: a read that fails fails the receive and the sen
 TEST_CASE("shm p2p: a sender runs at most the early budget and a ring ahead of receives not posted yet; "
           "posting them lets everything through, in order") {
   area a(2);
-  shm_p2p s(0, 2, a.mem, SIZE_MAX), r(1, 2, a.mem, SIZE_MAX);
-  const std::size_t n = 64u << 10, count = 40; // 2.5 MiB: more than the budget (1 MiB) and the ring (256 KiB)
+  shm_p2p s(0, 2, a.mem, a.ring, SIZE_MAX), r(1, 2, a.mem, a.ring, SIZE_MAX);
+  const std::size_t n = 64u << 10, count = 40; // 2.5 MiB: more than the budget (1 MiB) and the ring
   std::vector<std::vector<std::byte>> data;
   std::vector<std::shared_ptr<shm_p2p_op>> sends;
   for (std::size_t k = 0; k < count; ++k) {
@@ -539,7 +563,7 @@ TEST_CASE("shm p2p: a sender runs at most the early budget and a ring ahead of r
   std::size_t done = 0;
   for (auto& op : sends) done += op->state.load() == shm_p2p_op::done;
   CHECK(done < count); // held back: not all of it left
-  CHECK(done * n <= (1u << 20) + (256u << 10) + 2 * n);
+  CHECK(done * n <= (1u << 20) + a.ring + 2 * n);
   std::vector<std::vector<std::byte>> got(count, std::vector<std::byte>(n));
   std::vector<std::shared_ptr<shm_p2p_op>> recvs;
   for (std::size_t k = 0; k < count; ++k) recvs.push_back(r.post_recv(got[k].data(), n, 0, 6));
@@ -555,19 +579,23 @@ TEST_CASE("shm p2p: single copy: a receive completes only once its acknowledgeme
   // A receiver that finished its receives and left while its acknowledgement
   // still waited for space would strand the sender's send (seen under ASan:
   // the sender's wait ended with the segment aborted by the leaver).
-  area a(2);
-  shm_p2p s(0, 2, a.mem, 1024), r(1, 2, a.mem, 1024);
+  bool share_cores = false;
+  SUBCASE("small rings") {}
+  SUBCASE("the rings of ranks that share cores") { share_cores = true; }
+  area a(2, share_cores);
+  shm_p2p s(0, 2, a.mem, a.ring, 1024), r(1, 2, a.mem, a.ring, 1024);
   // The ring from 1 to 0 filled to the last byte (0 does not drain yet): a
   // first message of 992 bytes (a 1008-byte fragment), then 1000-byte ones
-  // (1024 each): 255 of them take the rest of the 256 KiB but the 16 bytes
-  // kept for the next header's cleared word.
+  // (1024 each): `fit` of them take the rest of the ring (255 of 256 KiB, 7
+  // of 8 KiB) but the 16 bytes kept for the next header's cleared word.
+  const std::size_t fit = (a.ring - 1024) / 1024;
   const auto first = pattern(1, 0, 0, 992);
   r.post_send(first.data(), first.size(), 0, 7);
   const auto fill = pattern(1, 0, 0, 1000); // 301 of them: more than the rest of the ring holds
   std::vector<std::shared_ptr<shm_p2p_op>> fills; // below the single-copy size: through the ring
   for (int k = 0; k < 301; ++k) fills.push_back(r.post_send(fill.data(), 1000, 0, 8)); // ~300 KiB
-  CHECK(!pending(*fills[254]));
-  CHECK(pending(*fills[255])); // the ring from 1 to 0 is full
+  CHECK(!pending(*fills[fit - 1]));
+  CHECK(pending(*fills[fit])); // the ring from 1 to 0 is full
   const auto d = pattern(0, 1, 0, 4096);
   auto send = s.post_send(d.data(), d.size(), 1, 9); // a request to send (4096 >= 1024)
   std::vector<std::byte> g(d.size());
@@ -594,7 +622,7 @@ TEST_CASE("shm p2p: single copy: a receive posted before its send reads the peer
   // for the read's whole time, so the peer's read of it began only when this
   // one ended: a 2-rank 4 MiB exchange took 2x Open MPI's time.
   area a(2);
-  shm_p2p s(0, 2, a.mem, 1024), r(1, 2, a.mem, 1024);
+  shm_p2p s(0, 2, a.mem, a.ring, 1024), r(1, 2, a.mem, a.ring, 1024);
   const auto d0 = pattern(0, 1, 0, 100000), d1 = pattern(1, 0, 0, 100000);
   std::vector<std::byte> g0(d1.size()), g1(d0.size());
   auto send0 = s.post_send(d0.data(), d0.size(), 1, 5); // rank 0's request to send is in the ring
@@ -618,7 +646,7 @@ TEST_CASE("shm p2p: single copy: a receive posted before its send reads the peer
 TEST_CASE("shm p2p: single copy: a receive withdrawn before its read never has its buffer written, and the send "
           "completes") {
   area a(2);
-  shm_p2p s(0, 2, a.mem, 1024), r(1, 2, a.mem, 1024);
+  shm_p2p s(0, 2, a.mem, a.ring, 1024), r(1, 2, a.mem, a.ring, 1024);
   const auto d = pattern(0, 1, 0, 8192);
   auto send = s.post_send(d.data(), d.size(), 1, 3);
   r.progress();

@@ -506,6 +506,57 @@ TEST_CASE("gloo node: a local rank that never maps the segment: timeout_error na
   CHECK(!late.empty());
 }
 
+TEST_CASE("gloo node: the ring size of the point-to-point area is local rank 0's choice, published with the "
+          "segment's name; a damaged one is an error naming it") {
+  // Local rank 0 sizes the rings (small for ranks with cores of their own,
+  // large for ranks that share them: each rank's own guess depends on its
+  // environment), so a joiner takes the size rank 0 published. Here "rank 0"
+  // is this test: it creates a segment with rings of the other size than
+  // this process would choose and publishes it.
+  temp_dir dir;
+  std::string prefix;
+  auto store = dpkit::detail::open_kv_store(dir.url("ring"), "test", 5s, prefix);
+  const std::size_t slot = 4096;
+  const std::size_t own = dpkit::detail::shm_p2p_ring_bytes(2, dpkit::detail::shm_oversubscribed(2));
+  const std::size_t other = own == (8u << 10) ? 256u << 10 : 8u << 10;
+  const std::size_t stride = (dpkit::detail::shm_region_bytes(slot) + 4095) / 4096 * 4096;
+  const std::string name = dpkit::detail::shm_mapping::unique_name("gloo");
+  auto map = dpkit::detail::shm_mapping::create(name, 2 * stride + dpkit::detail::shm_p2p_area_bytes(2, other));
+  dpkit::detail::shm_p2p::init_area(map.data() + 2 * stride, 2, other);
+  dpkit::detail::store_set(*store, prefix + "/a/name", name + " " + std::to_string(other), "test");
+  dpkit::detail::store_set(*store, prefix + "/a/done", "ok", "test");
+  std::string what;
+  std::size_t got = 0;
+  try {
+    auto seg = dpkit::detail::store_map_segment(*store, prefix + "/a", 1, 2, slot, dpkit::deadline_after(5s), "test", true);
+    got = seg.p2p_ring_bytes;
+    CHECK(seg.p2p_area == seg.map.data() + 2 * stride);
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  dpkit::detail::shm_mapping::unlink(name);
+  CAPTURE(what);
+  CHECK(what.empty());
+  CHECK(got == other);
+  // a ring size that is not one: an error naming what was published
+  const std::vector<std::string> bads = {" 12345", " 2048", "", " 8192x"};
+  for (std::size_t i = 0; i < bads.size(); ++i) {
+    const std::string& bad = bads[i];
+    CAPTURE(bad);
+    const std::string key = prefix + "/b" + std::to_string(i);
+    dpkit::detail::store_set(*store, key + "/name", "/dpkit-gloo-1-0000000000000000" + bad, "test");
+    std::string err;
+    try {
+      (void)dpkit::detail::store_map_segment(*store, key, 1, 2, slot, dpkit::deadline_after(5s), "test", true);
+    } catch (const dpkit::error& e) {
+      err = e.what();
+    }
+    CAPTURE(err);
+    CHECK(err.find("'/dpkit-gloo-1-0000000000000000" + bad + "'") != std::string::npos);
+    CHECK(err.find("ring size") != std::string::npos);
+  }
+}
+
 TEST_CASE("gloo node: a stale segment of a killed job is removed; live and foreign entries are not") {
   // a pid that no longer exists: a child that exited and was reaped
   pid_t dead = fork();

@@ -42,13 +42,13 @@ template <class E> struct run {
 int main(int argc, char** argv) {
   const int blocks = std::atoi(argv[1]), iters = std::atoi(argv[2]); const std::size_t n = std::atoi(argv[3]);
   namespace N = dpkit::detail; namespace O = dpkit::detail::v0;
-  auto* an = static_cast<std::byte*>(mmap(nullptr, N::shm_p2p_area_bytes(2), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* an = static_cast<std::byte*>(mmap(nullptr, N::shm_p2p_area_bytes(2, N::shm_p2p_ring_bytes(2, true)), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   auto* ao = static_cast<std::byte*>(mmap(nullptr, O::shm_p2p_area_bytes(2), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  N::shm_p2p::init_area(an, 2); O::shm_p2p::init_area(ao, 2);
+  N::shm_p2p::init_area(an, 2, N::shm_p2p_ring_bytes(2, true)); O::shm_p2p::init_area(ao, 2);
   pid_t child = fork(); const int r = child == 0 ? 1 : 0;
   cpu_set_t cs; CPU_ZERO(&cs); CPU_SET(r, &cs); sched_setaffinity(0, sizeof cs, &cs);
-  N::shm_p2p::prefault(an, r, 2); O::shm_p2p::prefault(ao, r, 2);
-  N::shm_p2p en(r, 2, an); O::shm_p2p eo(r, 2, ao);
+  N::shm_p2p::prefault(an, r, 2, N::shm_p2p_ring_bytes(2, true)); O::shm_p2p::prefault(ao, r, 2);
+  N::shm_p2p en(r, 2, an, N::shm_p2p_ring_bytes(2, true)); O::shm_p2p eo(r, 2, ao); // 256 KiB rings, as when this was recorded
   run<N::shm_p2p> rn(en, r, n); run<O::shm_p2p> ro(eo, r, n);
   for (int i = 0; i < 2000; ++i) { rn.once(); ro.once(); }
   std::vector<double> tn(blocks), to(blocks), q(blocks);

@@ -15,9 +15,9 @@ using namespace dpkit::detail;
 using clk = std::chrono::steady_clock;
 int main(int argc, char** argv) {
   const int iters = 1000000; const std::size_t n = argc > 1 ? std::atoi(argv[1]) / 4 : 512;
-  auto* area = static_cast<std::byte*>(mmap(nullptr, shm_p2p_area_bytes(2), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  shm_p2p::init_area(area, 2);
-  shm_p2p e0(0, 2, area), e1(1, 2, area);
+  auto* area = static_cast<std::byte*>(mmap(nullptr, shm_p2p_area_bytes(2, shm_p2p_ring_bytes(2, true)), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  shm_p2p::init_area(area, 2, shm_p2p_ring_bytes(2, true)); // 256 KiB rings, as when this was recorded
+  shm_p2p e0(0, 2, area, shm_p2p_ring_bytes(2, true)), e1(1, 2, area, shm_p2p_ring_bytes(2, true));
   std::vector<float> a(n, 1.f), b(n), c(n);
   auto once = [&] {
     auto q = e0.post_recv(reinterpret_cast<std::byte*>(b.data()), n * 4, 1, 7);

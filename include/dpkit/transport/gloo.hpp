@@ -300,7 +300,7 @@ public:
   /// starts the point-to-point engine on its area, if it has one.
   void set_segment(store_segment s) {
     segment_ = std::move(s);
-    if (segment_.p2p_area) p2p_ = std::make_unique<shm_p2p>(rank_, size_, segment_.p2p_area);
+    if (segment_.p2p_area) p2p_ = std::make_unique<shm_p2p>(rank_, size_, segment_.p2p_area, segment_.p2p_ring_bytes);
   }
   /// Connects dpkit's own TCP connections to every other rank through the
   /// attached store (a collective call of all ranks; tcp_p2p_connect) and

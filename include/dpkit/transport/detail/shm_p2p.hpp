@@ -197,15 +197,36 @@ inline int shm_cma_read(int pid, std::uint64_t remote, std::byte* local, std::si
 #endif
 }
 
-/// Data bytes of each ring for `size` ranks on a node: 256 KiB, halved while
-/// the rings of every ordered pair would take more than 64 MiB (a container's
-/// /dev/shm is often 64 MiB in all), never below 16 KiB. 0 for one rank.
-inline std::size_t shm_p2p_ring_bytes(int size) noexcept {
+/// Data bytes of each ring for `size` ranks on a node (a power of two; 0 for
+/// one rank). Ranks with cores of their own (`share_cores` false): 8 KiB,
+/// halved while the rings of every ordered pair would take more than 64 MiB,
+/// never below 4 KiB. A ring that small stays in the two cores' L1 caches:
+/// the sender writes lines it wrote a lap ago (the receiver only shares
+/// them) instead of lines gone to the receiver's cache or beyond, and
+/// messages past a quarter ring go in fragments that pipeline. Measured
+/// against 256 KiB rings in the same two processes (the 2-rank tree's
+/// round trip, 2 vCPUs of an AMD EPYC VM, record
+/// 2026-11-28-shm-small-rings): 512 B 1.20x faster, 2 KiB 1.15x, 8 KiB
+/// 1.09x, 32 KiB 1.41x, 60 KiB 1.51x; 16 KiB rings gained nothing (two of
+/// them fill a 32 KiB L1). Ranks that share cores (`share_cores`, see
+/// shm_oversubscribed): 256 KiB, halved while the rings would take more than
+/// 64 MiB (a container's /dev/shm is often 64 MiB in all), never below
+/// 16 KiB: a sender there runs ahead while its receiver is off the core,
+/// and an 8 KiB ring made a 32 KiB message 3.3x slower (a switch of core
+/// per ring).
+inline std::size_t shm_p2p_ring_bytes(int size, bool share_cores = false) noexcept {
   if (size < 2) return 0;
   const std::size_t pairs = static_cast<std::size_t>(size) * static_cast<std::size_t>(size - 1);
-  std::size_t r = std::size_t{256} << 10;
-  while (r > (std::size_t{16} << 10) && r * pairs > (std::size_t{64} << 20)) r /= 2;
+  std::size_t r = std::size_t{share_cores ? 256u : 8u} << 10;
+  const std::size_t floor = std::size_t{share_cores ? 16u : 4u} << 10;
+  while (r > floor && r * pairs > (std::size_t{64} << 20)) r /= 2;
   return r;
+}
+
+/// Whether `bytes` can be the ring size of an area (a value read from
+/// another process): a power of two from 4 KiB to 16 MiB.
+inline bool shm_p2p_ring_bytes_valid(std::size_t bytes) noexcept {
+  return bytes >= (std::size_t{4} << 10) && bytes <= (std::size_t{16} << 20) && (bytes & (bytes - 1)) == 0;
 }
 
 /// Early-message buffers (see shm_p2p: a message whose receive is not
@@ -223,13 +244,14 @@ inline std::size_t shm_p2p_ring_bytes(int size) noexcept {
 inline constexpr int shm_p2p_early_buffers = 4;
 inline constexpr std::size_t shm_p2p_early_buffer_bytes = shm_p2p_cma_default_bytes;
 
-/// Bytes of the point-to-point area for `size` ranks (a multiple of 4096; 0
-/// for one rank): the doorbells, then each ordered pair's ring.
-inline std::size_t shm_p2p_area_bytes(int size) noexcept {
+/// Bytes of the point-to-point area for `size` ranks with rings of
+/// `ring_bytes` each (a multiple of 4096; 0 for one rank): the doorbells,
+/// then each ordered pair's ring.
+inline std::size_t shm_p2p_area_bytes(int size, std::size_t ring_bytes) noexcept {
   if (size < 2) return 0;
   const std::size_t pairs = static_cast<std::size_t>(size) * static_cast<std::size_t>(size - 1);
   const std::size_t bytes = static_cast<std::size_t>(size) * sizeof(shm_p2p_bell) +
-                            pairs * (sizeof(shm_p2p_ring_ctl) + shm_p2p_ring_bytes(size));
+                            pairs * (sizeof(shm_p2p_ring_ctl) + ring_bytes);
   return (bytes + 4095) / 4096 * 4096;
 }
 
@@ -241,14 +263,16 @@ using shm_p2p_op = p2p_op;
 /// and its communication thread may both wait).
 class shm_p2p final : public p2p_engine {
 public:
-  /// Rank `rank` of `size` on the area at `area` (shm_p2p_area_bytes(size)
-  /// bytes, 64-byte aligned, zero-filled by its creator); messages of at
-  /// least `cma_bytes` bytes are read by the receiver from this process's
-  /// memory (SIZE_MAX: never). With peers it allocates and faults in
+  /// Rank `rank` of `size` on the area at `area` with rings of `ring_bytes`
+  /// (shm_p2p_area_bytes(size, ring_bytes) bytes, 64-byte aligned,
+  /// zero-filled by its creator; every rank of the area passes the same
+  /// `ring_bytes`, a shm_p2p_ring_bytes_valid value); messages of at least
+  /// `cma_bytes` bytes are read by the receiver from this process's memory
+  /// (SIZE_MAX: never). With peers it allocates and faults in
   /// shm_p2p_early_buffers early-message buffers (256 KiB in all).
   /// @throws std::bad_alloc when those cannot be allocated.
-  shm_p2p(int rank, int size, std::byte* area, std::size_t cma_bytes = shm_p2p_cma_bytes())
-      : rank_(rank), size_(size), cap_(shm_p2p_ring_bytes(size)), area_(area),
+  shm_p2p(int rank, int size, std::byte* area, std::size_t ring_bytes, std::size_t cma_bytes = shm_p2p_cma_bytes())
+      : rank_(rank), size_(size), cap_(ring_bytes), early_budget_(4 * shm_p2p_ring_bytes(size, true)), area_(area),
         in_(static_cast<std::size_t>(size)), out_(static_cast<std::size_t>(size)),
         head_(static_cast<std::size_t>(size), 0), tail_(static_cast<std::size_t>(size), 0),
         seen_tail_(static_cast<std::size_t>(size), 0), cma_(static_cast<std::size_t>(size), 0),
@@ -276,17 +300,17 @@ public:
   }
 
   /// Where the ring from rank `s` to rank `r` starts (its control part, then
-  /// its data) in the area of `size` ranks at `area`: the doorbells first,
-  /// then the rings of each sender in receiver order (no ring to itself).
-  static std::byte* ring_at(std::byte* area, int size, int s, int r) noexcept {
+  /// its data) in the area of `size` ranks with rings of `ring_bytes` at
+  /// `area`: the doorbells first, then the rings of each sender in receiver
+  /// order (no ring to itself).
+  static std::byte* ring_at(std::byte* area, int size, std::size_t ring_bytes, int s, int r) noexcept {
     const std::size_t k = static_cast<std::size_t>(s) * static_cast<std::size_t>(size - 1) +
                           static_cast<std::size_t>(r < s ? r : r - 1);
-    return area + static_cast<std::size_t>(size) * sizeof(shm_p2p_bell) +
-           k * (sizeof(shm_p2p_ring_ctl) + shm_p2p_ring_bytes(size));
+    return area + static_cast<std::size_t>(size) * sizeof(shm_p2p_bell) + k * (sizeof(shm_p2p_ring_ctl) + ring_bytes);
   }
 
   /// Faults in, in this process, every page of rank `rank`'s rings in the
-  /// area of `size` ranks: writes its outgoing rings' data (only it writes
+  /// area of `size` ranks with rings of `ring_bytes`: writes its outgoing rings' data (only it writes
   /// them; nothing is in them yet) and reads its incoming ones. Called while
   /// the segment is set up (store_map_segment), before any engine runs: the
   /// first message through a page otherwise pays a page fault (a few
@@ -295,10 +319,10 @@ public:
   /// including the last one it shares with the next ring's control part
   /// (shm_touch_pages): a ring's first wrap faulted on it inside a timed
   /// collective (allreduce_perf's tree at 2 KiB, 13 us once per process).
-  static void prefault(std::byte* area, int rank, int size) noexcept {
+  static void prefault(std::byte* area, int rank, int size, std::size_t ring_bytes) noexcept {
     if (size < 2) return;
-    const std::size_t cap = shm_p2p_ring_bytes(size);
-    auto data = [&](int s, int r) { return ring_at(area, size, s, r) + sizeof(shm_p2p_ring_ctl); };
+    const std::size_t cap = ring_bytes;
+    auto data = [&](int s, int r) { return ring_at(area, size, cap, s, r) + sizeof(shm_p2p_ring_ctl); };
     for (int p = 0; p < size; ++p) {
       if (p == rank) continue;
       shm_touch_pages(data(rank, p), cap, true);
@@ -307,14 +331,15 @@ public:
   }
 
   /// Constructs the doorbells and ring controls of an area for `size` ranks
-  /// (by its creator, before any other rank maps it).
-  static void init_area(std::byte* area, int size) noexcept {
+  /// with rings of `ring_bytes` (by its creator, before any other rank maps
+  /// it).
+  static void init_area(std::byte* area, int size, std::size_t ring_bytes) noexcept {
     if (size < 2) return;
     for (int p = 0; p < size; ++p) new (area + static_cast<std::size_t>(p) * sizeof(shm_p2p_bell)) shm_p2p_bell{};
     for (int s = 0; s < size; ++s)
       for (int r = 0; r < size; ++r)
         if (r != s) {
-          std::byte* c = ring_at(area, size, s, r);
+          std::byte* c = ring_at(area, size, ring_bytes, s, r);
           new (c) shm_p2p_ring_ctl{};
           // the first header's word: nothing published (a segment's memory
           // is zero-filled when created; this holds for any memory)
@@ -498,7 +523,7 @@ private:
   shm_p2p_bell& bell(int p) const noexcept { return reinterpret_cast<shm_p2p_bell*>(area_)[p]; }
   // The ring from rank s to rank r.
   shm_p2p_ring_ctl& ctl(int s, int r) const noexcept {
-    return *reinterpret_cast<shm_p2p_ring_ctl*>(ring_at(area_, size_, s, r));
+    return *reinterpret_cast<shm_p2p_ring_ctl*>(ring_at(area_, size_, cap_, s, r));
   }
   std::byte* ring_data(int s, int r) const noexcept {
     return reinterpret_cast<std::byte*>(&ctl(s, r)) + sizeof(shm_p2p_ring_ctl);
@@ -792,8 +817,10 @@ private:
     return false;
   }
   // Bytes of early messages a peer may have buffered here before the next
-  // one waits in the ring for its receive: four rings.
-  std::size_t early_budget() const noexcept { return 4 * cap_; }
+  // one waits in the ring for its receive: four rings of the size ranks that
+  // share cores use (1 MiB for up to 16 ranks), whatever this area's rings
+  // are, so that small rings do not hold senders back sooner.
+  std::size_t early_budget() const noexcept { return early_budget_; }
 
   void end_message(incoming& s) {
     if (s.target_op) s.target_op->state.store(shm_p2p_op::done, std::memory_order_release);
@@ -898,7 +925,8 @@ private:
   }
 
   int rank_, size_;
-  std::size_t cap_;
+  std::size_t cap_;          // ring bytes
+  std::size_t early_budget_; // early_budget()
   std::byte* area_;
   std::mutex mu_; // everything below
   std::vector<incoming> in_;

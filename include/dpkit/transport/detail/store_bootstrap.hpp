@@ -201,12 +201,17 @@ struct store_segment {
   /// The point-to-point area after the ranks' regions (shm_p2p.hpp), or
   /// nullptr when none was asked for.
   std::byte* p2p_area = nullptr;
+  /// Bytes of each ring of that area (local rank 0 chose them; 0 without one).
+  std::size_t p2p_ring_bytes = 0;
 };
 
 /// Maps the shared segment of `size` ranks on one node (see the file
 /// comment): `slot_bytes` per buffer, two buffers and a control line per
 /// rank, each rank's region on pages of its own; with `with_p2p`, followed
-/// by the point-to-point area of shm_p2p.hpp (store_segment::p2p_area).
+/// by the point-to-point area of shm_p2p.hpp (store_segment::p2p_area),
+/// whose ring size local rank 0 chooses (shm_p2p_ring_bytes: small rings
+/// unless the node's ranks share cores, shm_oversubscribed) and publishes
+/// with the segment's name, so that every rank maps the same layout.
 /// Collective over the ranks (every rank passes the same sizes); keys under
 /// `prefix`.
 /// @throws dpkit::error naming the rank that could not create or map it and
@@ -217,7 +222,8 @@ inline store_segment store_map_segment(kv_store& store, const std::string& prefi
                                        bool with_p2p = false) {
   const std::size_t stride = (shm_region_bytes(slot_bytes) + 4095) / 4096 * 4096;
   const std::size_t regions = stride * static_cast<std::size_t>(size);
-  const std::size_t total = regions + (with_p2p ? shm_p2p_area_bytes(size) : 0);
+  std::size_t ring = with_p2p && size > 1 ? shm_p2p_ring_bytes(size, shm_oversubscribed(size)) : 0;
+  std::size_t total = regions + (ring ? shm_p2p_area_bytes(size, ring) : 0);
   store_segment s;
   auto setup_own = [&] {
     std::vector<std::byte*> bases(static_cast<std::size_t>(size));
@@ -228,7 +234,8 @@ inline store_segment store_map_segment(kv_store& store, const std::string& prefi
     s.view->prefault(); // no collective runs on it before every rank has acknowledged
     if (with_p2p && size > 1) {
       s.p2p_area = s.map.data() + regions;
-      shm_p2p::prefault(s.p2p_area, rank, size);
+      s.p2p_ring_bytes = ring;
+      shm_p2p::prefault(s.p2p_area, rank, size, ring);
     }
   };
   const std::string name_key = prefix + "/name", done_key = prefix + "/done";
@@ -239,11 +246,12 @@ inline store_segment store_map_segment(kv_store& store, const std::string& prefi
       name = shm_mapping::unique_name("gloo");
       s.map = shm_mapping::create(name, total);
       setup_own();
-      if (s.p2p_area) shm_p2p::init_area(s.p2p_area, size); // before any peer maps it
+      if (s.p2p_area) shm_p2p::init_area(s.p2p_area, size, ring); // before any peer maps it
     } catch (const std::exception& e) {
       why = e.what();
     }
-    store_set(store, name_key, why.empty() ? name : "!" + why, where);
+    // "NAME RING_BYTES" (the ring size only with an area)
+    store_set(store, name_key, why.empty() ? name + (ring ? " " + std::to_string(ring) : "") : "!" + why, where);
     if (!why.empty()) throw error(where + ": the node's shared segment (" + std::to_string(total) + " bytes): " + why);
     std::string outcome;
     try {
@@ -269,9 +277,22 @@ inline store_segment store_map_segment(kv_store& store, const std::string& prefi
     std::atomic_thread_fence(std::memory_order_seq_cst);
     return s;
   }
-  const std::string name = store_get_until(store, name_key, due, where, "local rank 0's shared segment name");
+  std::string name = store_get_until(store, name_key, due, where, "local rank 0's shared segment name");
   if (!name.empty() && name[0] == '!')
     throw error(where + ": the node's shared segment: local rank 0 could not create it: " + name.substr(1));
+  if (ring) {
+    // the ring size local rank 0 chose: this rank's own guess may differ
+    // (another environment), the layout must not
+    const std::size_t sp = name.rfind(' ');
+    char* end = nullptr;
+    const unsigned long long v = sp == std::string::npos ? 0 : std::strtoull(name.c_str() + sp + 1, &end, 10);
+    if (sp == std::string::npos || !end || *end != '\0' || !shm_p2p_ring_bytes_valid(static_cast<std::size_t>(v)))
+      throw error(where + ": the node's shared segment: local rank 0 published '" + name +
+                  "', not a segment name and a ring size (a power of two from 4096 to 16777216 bytes)");
+    ring = static_cast<std::size_t>(v);
+    total = regions + shm_p2p_area_bytes(size, ring);
+    name.resize(sp);
+  }
   std::string why;
   try {
     s.map = shm_mapping::open(name, total);
