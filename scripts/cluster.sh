@@ -237,8 +237,9 @@ cmd_exec() {
 # Launches a job without MPI, as `torchrun --nnodes N --nproc-per-node K`
 # would on every node: K processes inside each node's namespaces with
 # MASTER_ADDR (node 0's address: the store rank 0 serves), MASTER_PORT,
-# RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and GLOO_SOCKET_IFNAME=eth0
-# (Gloo's pairs on the cluster's link); the rest of the environment is
+# RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GLOO_SOCKET_IFNAME=eth0
+# (Gloo's pairs on the cluster's link) and OMPI_MCA_mpi_yield_when_idle=1
+# (the nodes share the machine's cores, as for run); the rest of the environment is
 # passed as it is. Waits for every process; exits with the first non-zero
 # status (0 when all succeeded).
 cmd_launch() {
@@ -260,10 +261,14 @@ cmd_launch() {
   local n world pids=() k l rc=0
   n=$(nodes)
   world=$((n * per))
+  # The nodes share this machine's cores: tell the ranks, as run tells
+  # mpirun (dpkit's shared-memory waits and ring sizes read the same
+  # setting, whatever the launcher); a value already set is kept.
+  local yield=${OMPI_MCA_mpi_yield_when_idle:-1}
   for k in $(seq 0 $((n - 1))); do
     for l in $(seq 0 $((per - 1))); do
       MASTER_ADDR=$(node_ip 0) MASTER_PORT=$port RANK=$((k * per + l)) WORLD_SIZE=$world LOCAL_RANK=$l \
-        LOCAL_WORLD_SIZE=$per GLOO_SOCKET_IFNAME=eth0 \
+        LOCAL_WORLD_SIZE=$per GLOO_SOCKET_IFNAME=eth0 OMPI_MCA_mpi_yield_when_idle=$yield \
         nsenter --net="/run/netns/$(node_name "$k")" --uts="$STATE/uts/$(node_name "$k")" -- "$@" &
       pids+=($!)
     done
