@@ -206,9 +206,9 @@ inline int shm_cma_read(int pid, std::uint64_t remote, std::byte* local, std::si
 /// messages past a quarter ring go in fragments that pipeline. Measured
 /// against 256 KiB rings in the same two processes (the 2-rank tree's
 /// round trip, 2 vCPUs of an AMD EPYC VM, record
-/// 2026-11-28-shm-small-rings): 512 B 1.20x faster, 2 KiB 1.15x, 8 KiB
-/// 1.09x, 32 KiB 1.41x, 60 KiB 1.51x; 16 KiB rings gained nothing (two of
-/// them fill a 32 KiB L1). Ranks that share cores (`share_cores`, see
+/// 2026-11-28-shm-small-rings): 512 B 1.21x faster, 2 KiB 1.19x, 8 KiB
+/// 1.13x, 32 KiB 1.41x, 60 KiB 1.51x; 16 KiB rings gained 4% at most (two
+/// of them fill a 32 KiB L1), 4 KiB ones lost 12-17% at 32-60 KiB. Ranks that share cores (`share_cores`, see
 /// shm_oversubscribed): 256 KiB, halved while the rings would take more than
 /// 64 MiB (a container's /dev/shm is often 64 MiB in all), never below
 /// 16 KiB: a sender there runs ahead while its receiver is off the core,
