@@ -208,12 +208,12 @@ inline int shm_cma_read(int pid, std::uint64_t remote, std::byte* local, std::si
 /// round trip, 2 vCPUs of an AMD EPYC VM, record
 /// 2026-11-28-shm-small-rings): 512 B 1.21x faster, 2 KiB 1.19x, 8 KiB
 /// 1.13x, 32 KiB 1.41x, 60 KiB 1.51x; 16 KiB rings gained 4% at most (two
-/// of them fill a 32 KiB L1), 4 KiB ones lost 12-17% at 32-60 KiB. Ranks that share cores (`share_cores`, see
-/// shm_oversubscribed): 256 KiB, halved while the rings would take more than
-/// 64 MiB (a container's /dev/shm is often 64 MiB in all), never below
-/// 16 KiB: a sender there runs ahead while its receiver is off the core,
-/// and an 8 KiB ring made a 32 KiB message 3.3x slower (a switch of core
-/// per ring).
+/// of them fill a 32 KiB L1), 4 KiB ones lost 12-17% at 32-60 KiB. Ranks
+/// that share cores (`share_cores`, see shm_oversubscribed): 256 KiB,
+/// halved while the rings would take more than 64 MiB (a container's
+/// /dev/shm is often 64 MiB in all), never below 16 KiB: a sender there
+/// runs ahead while its receiver is off the core, and an 8 KiB ring made a
+/// 32 KiB message 3.3x slower (a switch of core per ring).
 inline std::size_t shm_p2p_ring_bytes(int size, bool share_cores = false) noexcept {
   if (size < 2) return 0;
   const std::size_t pairs = static_cast<std::size_t>(size) * static_cast<std::size_t>(size - 1);
@@ -310,8 +310,9 @@ public:
   }
 
   /// Faults in, in this process, every page of rank `rank`'s rings in the
-  /// area of `size` ranks with rings of `ring_bytes`: writes its outgoing rings' data (only it writes
-  /// them; nothing is in them yet) and reads its incoming ones. Called while
+  /// area of `size` ranks with rings of `ring_bytes`: writes its outgoing
+  /// rings' data (only it writes them; nothing is in them yet) and reads its
+  /// incoming ones. Called while
   /// the segment is set up (store_map_segment), before any engine runs: the
   /// first message through a page otherwise pays a page fault (a few
   /// microseconds each, tens per ring), which made the first calls at each
