@@ -322,12 +322,11 @@ public:
   /// collective (allreduce_perf's tree at 2 KiB, 13 us once per process).
   static void prefault(std::byte* area, int rank, int size, std::size_t ring_bytes) noexcept {
     if (size < 2) return;
-    const std::size_t cap = ring_bytes;
-    auto data = [&](int s, int r) { return ring_at(area, size, cap, s, r) + sizeof(shm_p2p_ring_ctl); };
+    auto data = [&](int s, int r) { return ring_at(area, size, ring_bytes, s, r) + sizeof(shm_p2p_ring_ctl); };
     for (int p = 0; p < size; ++p) {
       if (p == rank) continue;
-      shm_touch_pages(data(rank, p), cap, true);
-      shm_touch_pages(data(p, rank), cap, false);
+      shm_touch_pages(data(rank, p), ring_bytes, true);
+      shm_touch_pages(data(p, rank), ring_bytes, false);
     }
   }
 

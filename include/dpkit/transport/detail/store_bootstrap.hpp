@@ -232,7 +232,7 @@ inline store_segment store_map_segment(kv_store& store, const std::string& prefi
     c->pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
     s.view = std::make_unique<shm_segment>(rank, std::move(bases), slot_bytes);
     s.view->prefault(); // no collective runs on it before every rank has acknowledged
-    if (with_p2p && size > 1) {
+    if (ring) {
       s.p2p_area = s.map.data() + regions;
       s.p2p_ring_bytes = ring;
       shm_p2p::prefault(s.p2p_area, rank, size, ring);
