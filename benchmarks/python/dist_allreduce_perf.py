@@ -8,11 +8,18 @@ slowest rank, algbw = bytes / time, busbw = algbw * 2 (n - 1) / n).
 
 Both groups live in one process: the default group is "dpkit", the others
 are dist.new_group(backend=...). For each size the backends alternate batch
-by batch (-n iterations each, --batches of them), so the machine's noise hits
-both; a backend's time is the median over its batches of the slowest rank's
-mean time per call (one batch: nccl-tests' plain mean). A call of a few
-microseconds is mostly Python and torch, and a batch now and then loses the
-core to something else; the median keeps such a batch from deciding a row. Out of place is not measured (dist.all_reduce is
+by batch (--batches of them), so the machine's noise hits both; a backend's
+time is the median over its batches of the slowest rank's mean time per call
+(one batch: nccl-tests' plain mean). A batch is -n calls, or with -n 0 as
+many as fill --batch-seconds (0.04 s) of that backend, counted from a timed
+loop of at least a quarter of that (calls doubling from 1; the slowest
+rank's time, so every rank makes the same count). A single call is no
+measure for it: the first call at a new size, after the other backend's
+batch, took 80-180 us where the next thousand took 16 us each (dpkit, 2
+ranks), which made batches of 3-8 ms that one lost time slice could double.
+A call of a few microseconds is mostly Python and torch, and a batch now and
+then loses the core to something else; the median keeps such a batch from
+deciding a row. Out of place is not measured (dist.all_reduce is
 in place). The float32 SUM of every size is checked against the exact sum
 (#wrong, as nccl-tests' -c 1).
 """
@@ -33,12 +40,32 @@ def parse_size(s: str) -> int:
     return int(s[:-1]) * mult[s[-1].upper()] if s[-1].upper() in mult else int(s)
 
 
+def seconds_per_call(x: torch.Tensor, group, at_least: float) -> float:
+    """Mean seconds of dist.all_reduce(x, group=group) on the slowest rank,
+    from a loop of 1, 2, 4, ... calls until the slowest rank's loop took
+    `at_least` seconds (each loop's time is agreed by a MAX over the default
+    group, so every rank runs the same loops)."""
+    k = 1
+    while True:
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        for _ in range(k):
+            dist.all_reduce(x, group=group)
+        el = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(el, dist.ReduceOp.MAX)
+        if el.item() >= at_least or k >= 1 << 20:
+            return el.item() / k
+        k *= 2
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-b", "--minbytes", default="8")
     ap.add_argument("-e", "--maxbytes", default="256M")
     ap.add_argument("-f", "--stepfactor", type=int, default=4)
-    ap.add_argument("-n", "--iters", type=int, default=0, help="iterations per batch (0: about 0.04 s of the first backend, 5..1000)")
+    ap.add_argument("-n", "--iters", type=int, default=0,
+                    help="calls per batch, every backend (0: as many as fill --batch-seconds, per backend, at least 5)")
+    ap.add_argument("--batch-seconds", type=float, default=0.04, help="a batch's length with -n 0 (seconds)")
     ap.add_argument("-w", "--warmup_iters", type=int, default=3)
     ap.add_argument("--batches", type=int, default=5, help="timed batches per size and backend (median)")
     ap.add_argument("--backends", default="dpkit,gloo", help="comma-separated; the first is the default group")
@@ -81,14 +108,7 @@ def main() -> None:
         count = max(1, size // 4)
         x = torch.full((count,), float(rank + 1))
         expect = float(world * (world + 1) // 2)
-        iters = args.iters
-        if iters == 0:  # calibrate on the first backend, agreed by a max over ranks
-            t0 = time.perf_counter()
-            dist.all_reduce(x.fill_(0))
-            one = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            dist.all_reduce(one, dist.ReduceOp.MAX)
-            iters = int(min(1000, max(5, 0.04 / max(one.item(), 1e-6))))
-        wrongs = {}
+        wrongs, iters = {}, {}
         for b in backends:
             g = groups[b]
             x.fill_(float(rank + 1))
@@ -96,15 +116,17 @@ def main() -> None:
             wrongs[b] = int((x != expect).sum().item())
             for _ in range(args.warmup_iters):
                 dist.all_reduce(x, group=g)
+            iters[b] = args.iters if args.iters > 0 else \
+                max(5, round(args.batch_seconds / seconds_per_call(x, g, args.batch_seconds / 4)))
         times = {b: [] for b in backends}
         for _ in range(max(1, args.batches)):
             for b in backends:
                 g = groups[b]
                 dist.barrier(group=g)
                 t0 = time.perf_counter()
-                for _ in range(iters):
+                for _ in range(iters[b]):
                     dist.all_reduce(x, group=g)
-                dt = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+                dt = torch.tensor([(time.perf_counter() - t0) / iters[b]], dtype=torch.float64)
                 dist.all_reduce(dt, dist.ReduceOp.MAX)
                 times[b].append(dt.item())
         row = []
