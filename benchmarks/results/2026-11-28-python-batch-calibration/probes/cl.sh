@@ -1,6 +1,6 @@
 #!/bin/bash
 # cl.sh DIR ROUNDS args: launch vs mpirun on the up cluster, nstat deltas per node
-cd /work/main
+cd "$(git rev-parse --show-toplevel)"
 D=$1; R=$2; shift 2; mkdir -p $D
 ns() { for n in 0 1; do ip netns exec dpk-node$n nstat -a 2>/dev/null | awk -v n=$n '{print n":"$1, $2}'; done; }
 for r in $(seq 1 $R); do

@@ -1,6 +1,6 @@
 #!/bin/bash
 # usage: deb.sh DIR ROUNDS [args]: Debian torch 1.13, env:// by hand (bound) against mpirun
-cd /work/main
+cd "$(git rev-parse --show-toplevel)"
 D=$1; R=$2; shift 2; mkdir -p $D/ranks
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
 PY=build-python/venv/bin/python

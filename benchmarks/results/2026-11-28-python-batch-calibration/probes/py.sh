@@ -1,6 +1,6 @@
 #!/bin/bash
 # usage: py.sh DIR ROUNDS [extra args]
-cd /work/main
+cd "$(git rev-parse --show-toplevel)"
 D=$1; R=$2; shift 2; mkdir -p $D
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
 V=/tmp/t2/venv/bin
