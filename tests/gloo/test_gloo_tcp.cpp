@@ -14,6 +14,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -574,4 +575,72 @@ TEST_CASE("tcp p2p connections: a rank that never connects is a timeout_error na
     CHECK(std::string(e.what()).find("rank(s) 1, 2 did not connect") != std::string::npos);
   }
   CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+}
+
+TEST_CASE("tcp p2p connections: the congestion control chosen from DPKIT_TCP_CONGESTION and the system's") {
+  using dpkit::detail::tcp_congestion_choice;
+  // unset, empty or "auto": BBR is replaced by reno, anything else kept
+  CHECK(tcp_congestion_choice(nullptr, "bbr") == "reno");
+  CHECK(tcp_congestion_choice("", "bbr") == "reno");
+  CHECK(tcp_congestion_choice("auto", "bbr") == "reno");
+  CHECK(tcp_congestion_choice(nullptr, "cubic") == "");
+  CHECK(tcp_congestion_choice("auto", "reno") == "");
+  // "system" keeps the system's, a name is taken as it is
+  CHECK(tcp_congestion_choice("system", "bbr") == "");
+  CHECK(tcp_congestion_choice("cubic", "bbr") == "cubic");
+  CHECK(tcp_congestion_choice("bbr", "cubic") == "bbr");
+}
+
+TEST_CASE("tcp p2p connections: DPKIT_TCP_CONGESTION sets both ends' congestion control; an unknown name is an invalid_argument naming it") {
+  // The name asked for differs from the system's default, so the check
+  // fails unless tcp_p2p_connect sets it (on the connecting socket, and on
+  // the listener that the accepted one inherits it from). Unset, the
+  // automatic choice (reno where the system's is BBR) is checked too.
+  const std::string sys = dpkit::detail::tcp_detail::sysctl_line("/proc/sys/net/ipv4/tcp_congestion_control");
+  const std::string want = sys == "reno" ? "cubic" : "reno";
+  auto cc_of = [](int fd) {
+    char name[16] = {};
+    socklen_t len = sizeof name;
+    REQUIRE(::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) == 0);
+    return std::string(name, ::strnlen(name, sizeof name));
+  };
+  auto both_ends = [&](const char* env) {
+    p2p_fixture f;
+    if (env) ::setenv("DPKIT_TCP_CONGESTION", env, 1);
+    const auto due = dpkit::deadline_after(10s);
+    std::unique_ptr<dpkit::detail::tcp_p2p> e[2];
+    std::string err[2];
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        try {
+          e[r] = dpkit::detail::tcp_p2p_connect(*f.store, f.prefix + "/t", r, 2, f.addr, sizeof(sockaddr_in), due,
+                                                "rank " + std::to_string(r));
+        } catch (const std::exception& x) {
+          err[r] = x.what();
+        }
+      });
+    for (auto& t : ts) t.join();
+    ::unsetenv("DPKIT_TCP_CONGESTION");
+    REQUIRE(err[0] == "");
+    REQUIRE(err[1] == "");
+    return std::vector<std::string>{cc_of(e[0]->socket_of(1)), cc_of(e[1]->socket_of(0))};
+  };
+  CHECK(both_ends(want.c_str()) == std::vector<std::string>{want, want});
+  const std::string automatic = sys == "bbr" ? "reno" : sys;
+  CHECK(both_ends(nullptr) == std::vector<std::string>{automatic, automatic});
+  CHECK(both_ends("system") == std::vector<std::string>{sys, sys});
+  {
+    p2p_fixture f;
+    ::setenv("DPKIT_TCP_CONGESTION", "dpkit-no-such", 1);
+    try {
+      (void)dpkit::detail::tcp_p2p_connect(*f.store, f.prefix + "/t", 0, 2, f.addr, sizeof(sockaddr_in),
+                                           dpkit::deadline_after(2s), "rank 0");
+      FAIL("no invalid_argument");
+    } catch (const dpkit::invalid_argument& x) {
+      CHECK(std::string(x.what()).find("rank 0") != std::string::npos);
+      CHECK(std::string(x.what()).find("DPKIT_TCP_CONGESTION='dpkit-no-such'") != std::string::npos);
+    }
+    ::unsetenv("DPKIT_TCP_CONGESTION");
+  }
 }

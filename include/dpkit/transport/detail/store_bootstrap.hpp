@@ -37,6 +37,7 @@
 
 #include <dirent.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <signal.h>
@@ -351,7 +352,61 @@ struct hello {
   std::uint64_t group; // hash of the store and key prefix
 };
 inline constexpr std::uint32_t hello_magic = 0x64704831u; // "dpH1"
+// The first line of a /proc/sys file ("?" when it cannot be read).
+inline std::string sysctl_line(const char* path) {
+  std::ifstream f(path);
+  std::string s;
+  return std::getline(f, s) ? s : std::string("?");
+}
 } // namespace tcp_detail
+
+/// The TCP congestion control dpkit's own connections (tcp_p2p_connect)
+/// ask for, from DPKIT_TCP_CONGESTION's value `env` (nullptr when unset)
+/// and `system`, the one a new socket gets (net.ipv4.tcp_congestion_control):
+/// - unset, "" or "auto": "reno" when `system` is "bbr", else "" (keep it);
+/// - "system": "" (keep the system's, whatever it is);
+/// - any other value: that name ("cubic", "reno", "bbr", "dctcp", ...).
+///
+/// Why BBR is replaced: on the emulated cluster (2 Gbit/s links, RTT under
+/// 0.1 ms), BBR's bandwidth estimate on dpkit's connections swung between
+/// 60 Mbit/s and 35 Gbit/s, and 2x2 hierarchical all-reduces of 128 KiB
+/// stalled for 13-110 ms now and then: 4000 calls took a median 2299 ms
+/// over 12 runs (a stall in 10), 2199 ms with reno on dpkit's connections
+/// alone (a stall in 3), and 2202-2220 ms over Open MPI's tcp BTL on the
+/// same BBR (benchmarks/results/2026-11-29-tcp-congestion-control.md).
+/// Reno is the one every Linux lets an unprivileged process choose.
+inline std::string tcp_congestion_choice(const char* env, const std::string& system) {
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "auto") return system == "bbr" ? "reno" : "";
+  if (v == "system") return "";
+  return v;
+}
+
+/// Gives socket `fd` the congestion control DPKIT_TCP_CONGESTION asks for
+/// (tcp_congestion_choice of the socket's own). `what` names the rank and
+/// the connection for the message.
+/// @throws dpkit::invalid_argument naming DPKIT_TCP_CONGESTION's value, the
+///         kernel's reason and the names this host allows, when the kernel
+///         refuses a name DPKIT_TCP_CONGESTION gave (unknown, or not in
+///         net.ipv4.tcp_allowed_congestion_control for an unprivileged
+///         process); a refused automatic choice keeps the socket's own.
+inline void set_tcp_congestion(int fd, const std::string& what) {
+  char cur[16] = {}; // TCP_CA_NAME_MAX
+  socklen_t cl = sizeof cur;
+  const std::string system = ::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cur, &cl) == 0
+                                 ? std::string(cur, ::strnlen(cur, sizeof cur)) : std::string();
+  const char* env = std::getenv("DPKIT_TCP_CONGESTION");
+  const std::string name = tcp_congestion_choice(env, system);
+  if (name.empty() || name == system) return;
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), static_cast<socklen_t>(name.size())) == 0) return;
+  const int e = errno;
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "auto") return;
+  throw invalid_argument(what + ": DPKIT_TCP_CONGESTION='" + v + "': the kernel refused it (" + std::strerror(e) +
+                         "); allowed here: " + tcp_detail::sysctl_line("/proc/sys/net/ipv4/tcp_allowed_congestion_control") +
+                         " (net.ipv4.tcp_allowed_congestion_control; available to root: " +
+                         tcp_detail::sysctl_line("/proc/sys/net/ipv4/tcp_available_congestion_control") + ")");
+}
 
 /// Connects rank `rank` of `size` to every other rank over TCP for the
 /// point-to-point engine tcp_p2p (tcp_p2p.hpp): listens on `addr` (the
@@ -360,10 +415,13 @@ inline constexpr std::uint32_t hello_magic = 0x64704831u; // "dpH1"
 /// accepts a connection from each higher rank. A connection's first bytes
 /// name the group (a hash of the store and the key prefix) and the rank: a
 /// connection of another job, or of a stale rank, is refused and the wait
-/// goes on. Sockets are created close-on-exec.
+/// goes on. Sockets are created close-on-exec, with the congestion control
+/// of set_tcp_congestion (reno where the system's is BBR, unless
+/// DPKIT_TCP_CONGESTION says otherwise).
 /// @throws dpkit::timeout_error when the connections are not all made by
 ///         `due` (naming the ranks missing); dpkit::error when this rank
-///         cannot listen or a published address is malformed.
+///         cannot listen or a published address is malformed;
+///         dpkit::invalid_argument when the kernel refuses DPKIT_TCP_CONGESTION.
 inline std::unique_ptr<tcp_p2p> tcp_p2p_connect(kv_store& store, const std::string& prefix, int rank, int size,
                                                 const sockaddr_storage& addr, socklen_t addr_len, deadline due,
                                                 const std::string& where) {
@@ -376,6 +434,7 @@ inline std::unique_ptr<tcp_p2p> tcp_p2p_connect(kv_store& store, const std::stri
   else throw error(what + ": the address of this rank has family " + std::to_string(a.ss_family) + ", not IPv4 or IPv6");
   unique_fd lfd(::socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (lfd.fd < 0) throw error(what + ": socket(): " + std::strerror(errno));
+  set_tcp_congestion(lfd.fd, what); // the accepted connections inherit the listener's
   if (::bind(lfd.fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(lfd.fd, size) != 0 ||
       ::getsockname(lfd.fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
     throw error(what + ": cannot listen on this rank's address: " + std::strerror(errno));
@@ -394,6 +453,7 @@ inline std::unique_ptr<tcp_p2p> tcp_p2p_connect(kv_store& store, const std::stri
     for (;;) {
       unique_fd fd(::socket(pa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
       if (fd.fd < 0) throw error(what + ": socket(): " + std::strerror(errno));
+      set_tcp_congestion(fd.fd, what + " to rank " + std::to_string(p));
       int rc = ::connect(fd.fd, reinterpret_cast<sockaddr*>(&pa), plen);
       int err = rc == 0 ? 0 : errno;
       if (err == EINPROGRESS) {

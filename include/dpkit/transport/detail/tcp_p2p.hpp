@@ -101,6 +101,10 @@ public:
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
+  /// The socket connected to rank `peer` (-1 for this rank), for
+  /// inspection (TCP_INFO, TCP_CONGESTION); the engine owns it.
+  /// Precondition: 0 <= peer < size().
+  int socket_of(int peer) const noexcept { return fds_[static_cast<std::size_t>(peer)]; }
   const char* medium() const noexcept override { return "TCP"; }
   /// A poll here is a system call per peer (about 1 us), not a load from
   /// shared memory: a wait polls a few times, yields a few times, then
