@@ -358,6 +358,9 @@ inline std::string sysctl_line(const char* path) {
   std::string s;
   return std::getline(f, s) ? s : std::string("?");
 }
+// DPKIT_TCP_CONGESTION's value `env` (nullptr when unset) asks for the
+// automatic choice: unset, empty or "auto".
+inline bool congestion_auto(const char* env) { return env == nullptr || *env == '\0' || std::string(env) == "auto"; }
 } // namespace tcp_detail
 
 /// The TCP congestion control dpkit's own connections (tcp_p2p_connect)
@@ -376,10 +379,9 @@ inline std::string sysctl_line(const char* path) {
 /// same BBR (benchmarks/results/2026-11-29-tcp-congestion-control.md).
 /// Reno is the one every Linux lets an unprivileged process choose.
 inline std::string tcp_congestion_choice(const char* env, const std::string& system) {
-  const std::string v = env ? env : "";
-  if (v.empty() || v == "auto") return system == "bbr" ? "reno" : "";
-  if (v == "system") return "";
-  return v;
+  if (tcp_detail::congestion_auto(env)) return system == "bbr" ? "reno" : "";
+  if (std::string(env) == "system") return "";
+  return env;
 }
 
 /// Gives socket `fd` the congestion control DPKIT_TCP_CONGESTION asks for
@@ -400,9 +402,8 @@ inline void set_tcp_congestion(int fd, const std::string& what) {
   if (name.empty() || name == system) return;
   if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), static_cast<socklen_t>(name.size())) == 0) return;
   const int e = errno;
-  const std::string v = env ? env : "";
-  if (v.empty() || v == "auto") return;
-  throw invalid_argument(what + ": DPKIT_TCP_CONGESTION='" + v + "': the kernel refused it (" + std::strerror(e) +
+  if (tcp_detail::congestion_auto(env)) return;
+  throw invalid_argument(what + ": DPKIT_TCP_CONGESTION='" + env + "': the kernel refused it (" + std::strerror(e) +
                          "); allowed here: " + tcp_detail::sysctl_line("/proc/sys/net/ipv4/tcp_allowed_congestion_control") +
                          " (net.ipv4.tcp_allowed_congestion_control; available to root: " +
                          tcp_detail::sysctl_line("/proc/sys/net/ipv4/tcp_available_congestion_control") + ")");
