@@ -403,7 +403,22 @@ public:
   }
 #endif
 
-  ~process_group_dpkit() override { shutdown(); }
+  /// Shuts the group down (shutdown()). Python destroys the group in its
+  /// dealloc, with the GIL held (destroy_process_group, then the last
+  /// reference); the worker may then still be releasing a finished task's
+  /// tensors, and releasing a tensor whose Python object C++ owns takes the
+  /// GIL, so joining the worker with the GIL held waited forever
+  /// (dist_allreduce_perf.py under mpirun: 1 of 8 runs; python/tests'
+  /// destroy_busy case: every run, env:// and mpirun). The GIL is let go
+  /// for it.
+  ~process_group_dpkit() override {
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      shutdown();
+    } else {
+      shutdown();
+    }
+  }
 
   const std::string getBackendName() const override { return "dpkit"; }
 
@@ -658,11 +673,12 @@ private:
     for (;;) {
       cv_.wait(lk, [&] { return (!queue_.empty() && !busy_) || (stop_ && queue_.empty() && !busy_); });
       if (queue_.empty()) return; // stop_
-      task t = std::move(queue_.front());
+      std::optional<task> t(std::move(queue_.front()));
       queue_.pop_front();
       busy_ = true;
       lk.unlock();
-      execute(t);
+      execute(*t);
+      t.reset(); // its tensors' last references may take the GIL: never with mu_ held
       lk.lock();
       busy_ = false;
       cv_.notify_all();

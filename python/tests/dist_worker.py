@@ -350,6 +350,25 @@ def case_spin():
     return {"error": "not killed"}
 
 
+def case_destroy_busy():
+    """A group destroyed while its worker still runs queued all-reduces
+    whose tensors and Works Python has already dropped: the group's
+    destructor runs in Python's dealloc, with the GIL, and waits for the
+    worker; the worker's release of a tensor whose Python object C++ now
+    owns takes the GIL. Before the fix the two waited for each other forever
+    (dist_allreduce_perf.py hung so at its destroy_process_group)."""
+    g = dist.new_group(backend="dpkit")
+    for _ in range(4):
+        dist.all_reduce(torch.ones(16 << 20), group=g, async_op=True)  # 64 MiB: queued to the worker
+    t0 = time.monotonic()
+    dist.destroy_process_group(g)
+    del g  # the last reference: ~process_group_dpkit, with the GIL
+    destroy_s = time.monotonic() - t0
+    t = torch.ones(4)
+    dist.all_reduce(t)  # the default group still works
+    return {"destroy_s": destroy_s, "sum": t.tolist()}
+
+
 OUTDIR = None
 
 

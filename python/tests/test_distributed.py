@@ -57,6 +57,15 @@ def test_errors(mpi_env, tmp_path):
         assert r["after"].startswith("CommunicatorError") and "failed earlier" in r["after"]
 
 
+def test_destroy_while_busy(mpi_env, tmp_path):
+    """destroy_process_group of a group whose worker still runs all-reduces
+    of tensors Python dropped: returns (the destructor lets the GIL go
+    while it waits for the worker; before, both ranks hung), and the
+    default group still works."""
+    for r in run("destroy_busy", 2, mpi_env, tmp_path, timeout=60):
+        assert r["destroy_s"] < 30 and r["sum"] == [2.0] * 4, r
+
+
 def test_timeout(mpi_env, tmp_path):
     r0 = run("timeout", 2, mpi_env, tmp_path)[0]
     assert r0["timeout"].startswith("TimeoutError") and "rank 1" in r0["timeout"], r0

@@ -67,6 +67,14 @@ def test_env_collectives(world, tmp_path):
         assert r["transport"] == "gloo" and r["checked"] > 40, r
 
 
+def test_destroy_while_busy(tmp_path):
+    """env://: destroy_process_group of a group whose worker still runs
+    all-reduces of tensors Python dropped returns (before the fix it waited
+    forever for the GIL that the destructor held)."""
+    for r in spawn("destroy_busy", tmp_path, 2, timeout=60).values():
+        assert r["destroy_s"] < 30 and r["sum"] == [2.0] * 4, r
+
+
 @pytest.mark.parametrize("scheme", ["file", "tcp"])
 def test_file_and_tcp_init(scheme, tmp_path):
     init = f"file://{tmp_path}/store" if scheme == "file" else f"tcp://127.0.0.1:{free_port()}"
