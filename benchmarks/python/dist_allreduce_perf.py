@@ -19,7 +19,10 @@ batch, took 80-180 us where the next thousand took 16 us each (dpkit, 2
 ranks), which made batches of 3-8 ms that one lost time slice could double.
 A call of a few microseconds is mostly Python and torch, and a batch now and
 then loses the core to something else; the median keeps such a batch from
-deciding a row. Out of place is not measured (dist.all_reduce is
+deciding a row. 15 batches by default: with 5, "dpkit" against itself in one
+run (--backends dpkit,dpkit_store under mpirun) came out more than 10% apart
+at 3 of 26 sizes in each of three runs, with 15 at 0-1 of 26 in five
+(benchmarks/results/2026-11-29-bootstrap-ab.md). Out of place is not measured (dist.all_reduce is
 in place). The float32 SUM of every size is checked against the exact sum
 (#wrong, as nccl-tests' -c 1).
 """
@@ -58,6 +61,28 @@ def seconds_per_call(x: torch.Tensor, group, at_least: float) -> float:
         k *= 2
 
 
+def register_dpkit_store() -> None:
+    """Registers backend "dpkit_store": dpkit's group made through the
+    store torch passes (the bootstrap of a launch without mpirun: shared
+    memory from shm_open, Gloo pairs), even under mpirun, where "dpkit"
+    is an MPI communicator. With --backends dpkit,dpkit_store under mpirun
+    the two bootstraps alternate batch by batch in one run, so the
+    machine's noise hits both; two separate launches, a minute apart, on
+    this 2-vCPU VM differ as much between two mpirun runs as between
+    mpirun and env:// (benchmarks/results/2026-11-29-bootstrap-ab.md)."""
+    import os
+    from dpkit import _dist
+
+    def create(opts, pg_options=None):
+        return _dist.ProcessGroupDpkit(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                                       str(getattr(opts, "group_id", "") or ""), "127.0.0.1",
+                                       int(os.environ.get("DPKIT_INLINE_BYTES", 65536)))
+    try:
+        dist.Backend.register_backend("dpkit_store", create, extended_api=True, devices=["cpu"])
+    except TypeError:  # torch 1.13: no devices argument
+        dist.Backend.register_backend("dpkit_store", create, extended_api=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-b", "--minbytes", default="8")
@@ -67,14 +92,18 @@ def main() -> None:
                     help="calls per batch, every backend (0: as many as fill --batch-seconds, per backend, at least 5)")
     ap.add_argument("--batch-seconds", type=float, default=0.04, help="a batch's length with -n 0 (seconds)")
     ap.add_argument("-w", "--warmup_iters", type=int, default=3)
-    ap.add_argument("--batches", type=int, default=5, help="timed batches per size and backend (median)")
-    ap.add_argument("--backends", default="dpkit,gloo", help="comma-separated; the first is the default group")
+    ap.add_argument("--batches", type=int, default=15, help="timed batches per size and backend (median)")
+    ap.add_argument("--backends", default="dpkit,gloo",
+                    help="comma-separated; the first is the default group; \"dpkit_store\" is dpkit made "
+                         "through torch's store even under mpirun (one node: its ranks' Gloo pairs on 127.0.0.1)")
     ap.add_argument("--bind", action="store_true",
                     help="bind each rank to its share of the CPUs (dpkit.distributed.bind_to_cores), as mpirun "
                          "does by default and torchrun does not; no effect under mpirun")
     args = ap.parse_args()
 
     backends = args.backends.split(",")
+    if "dpkit_store" in backends:
+        register_dpkit_store()
     if args.bind:
         dpkit.distributed.bind_to_cores()
     timeout = datetime.timedelta(minutes=5)
