@@ -408,7 +408,7 @@ public:
   /// reference); the worker may then still be releasing a finished task's
   /// tensors, and releasing a tensor whose Python object C++ owns takes the
   /// GIL, so joining the worker with the GIL held waited forever
-  /// (dist_allreduce_perf.py under mpirun: 1 of 8 runs; python/tests'
+  /// (dist_allreduce_perf.py under mpirun: 1 of 13 runs on 2026-11-29; python/tests'
   /// destroy_busy case: every run, env:// and mpirun). The GIL is let go
   /// for it.
   ~process_group_dpkit() override {
