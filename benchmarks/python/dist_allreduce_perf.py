@@ -70,17 +70,7 @@ def register_dpkit_store() -> None:
     machine's noise hits both; two separate launches, a minute apart, on
     this 2-vCPU VM differ as much between two mpirun runs as between
     mpirun and env:// (benchmarks/results/2026-11-29-bootstrap-ab.md)."""
-    import os
-    from dpkit import _dist
-
-    def create(opts, pg_options=None):
-        return _dist.ProcessGroupDpkit(opts.store, opts.group_rank, opts.group_size, opts.timeout,
-                                       str(getattr(opts, "group_id", "") or ""), "127.0.0.1",
-                                       int(os.environ.get("DPKIT_INLINE_BYTES", 65536)))
-    try:
-        dist.Backend.register_backend("dpkit_store", create, extended_api=True, devices=["cpu"])
-    except TypeError:  # torch 1.13: no devices argument
-        dist.Backend.register_backend("dpkit_store", create, extended_api=True)
+    dpkit.distributed._register(dist, dpkit.distributed._create_store, "dpkit_store")
 
 
 def main() -> None:
@@ -95,7 +85,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=15, help="timed batches per size and backend (median)")
     ap.add_argument("--backends", default="dpkit,gloo",
                     help="comma-separated; the first is the default group; \"dpkit_store\" is dpkit made "
-                         "through torch's store even under mpirun (one node: its ranks' Gloo pairs on 127.0.0.1)")
+                         "through torch's store even under mpirun")
     ap.add_argument("--bind", action="store_true",
                     help="bind each rank to its share of the CPUs (dpkit.distributed.bind_to_cores), as mpirun "
                          "does by default and torchrun does not; no effect under mpirun")

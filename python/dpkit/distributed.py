@@ -186,21 +186,35 @@ def _gloo_hostname() -> str:
         return "127.0.0.1"
 
 
+def _inline_bytes() -> int:
+    """DPKIT_INLINE_BYTES (bytes; default 65536): the largest collective
+    run on the caller's thread when the group's worker is idle."""
+    return int(os.environ.get("DPKIT_INLINE_BYTES", 65536))
+
+
+def _create_store(opts, pg_options=None):
+    """torch.distributed's creator (extended API) for a group that meets
+    through the store torch passes (already prefixed with the group's
+    name, so each group, the default one and every new_group, meets under
+    its own keys): the node's shared-memory segment and Gloo pairs, the
+    bootstrap of a launch without mpirun. The benchmark registers it as
+    "dpkit_store" to run it beside the MPI communicator in one mpirun job."""
+    from . import _dist
+    _finalize_at_exit()
+    return _dist.ProcessGroupDpkit(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                                   str(getattr(opts, "group_id", "") or ""), _gloo_hostname(), _inline_bytes())
+
+
 def _create(opts, pg_options=None):
     """torch.distributed's creator (extended API): a dpkit group for this
     rank of the group. Under an MPI launcher (and a build with MPI): an MPI
-    communicator of the group's global ranks. Otherwise: Gloo pairs that
-    meet through the store torch passes (already prefixed with the group's
-    name), so each group, the default one and every new_group, meets under
-    its own keys."""
+    communicator of the group's global ranks. Otherwise: :func:`_create_store`."""
     from . import _dist
-    inline_bytes = int(os.environ.get("DPKIT_INLINE_BYTES", 65536))
-    _finalize_at_exit()
     if launched_by_mpi() and _dist.has_mpi:
+        _finalize_at_exit()
         ranks = list(getattr(opts, "global_ranks_in_group", []) or [])
-        return _dist.ProcessGroupDpkit(opts.group_rank, opts.group_size, opts.timeout, ranks, inline_bytes)
-    return _dist.ProcessGroupDpkit(opts.store, opts.group_rank, opts.group_size, opts.timeout,
-                                   str(getattr(opts, "group_id", "") or ""), _gloo_hostname(), inline_bytes)
+        return _dist.ProcessGroupDpkit(opts.group_rank, opts.group_size, opts.timeout, ranks, _inline_bytes())
+    return _create_store(opts, pg_options)
 
 
 def _unavailable(reason: str):
@@ -212,11 +226,11 @@ def _unavailable(reason: str):
     return create
 
 
-def _register(dist, creator) -> None:
+def _register(dist, creator, name: str = "dpkit") -> None:
     try:
-        dist.Backend.register_backend("dpkit", creator, extended_api=True, devices=["cpu"])
+        dist.Backend.register_backend(name, creator, extended_api=True, devices=["cpu"])
     except TypeError:  # torch 1.13: no devices argument
-        dist.Backend.register_backend("dpkit", creator, extended_api=True)
+        dist.Backend.register_backend(name, creator, extended_api=True)
 
 
 def _register_backend() -> None:

@@ -408,16 +408,13 @@ public:
   /// reference); the worker may then still be releasing a finished task's
   /// tensors, and releasing a tensor whose Python object C++ owns takes the
   /// GIL, so joining the worker with the GIL held waited forever
-  /// (dist_allreduce_perf.py under mpirun: 1 of 13 runs on 2026-11-29; python/tests'
-  /// destroy_busy case: every run, env:// and mpirun). The GIL is let go
-  /// for it.
+  /// (dist_allreduce_perf.py under mpirun: 1 of 13 runs on 2026-11-29;
+  /// python/tests' destroy_busy case: every run, env:// and mpirun). The
+  /// GIL is let go for it.
   ~process_group_dpkit() override {
-    if (Py_IsInitialized() && PyGILState_Check()) {
-      py::gil_scoped_release nogil;
-      shutdown();
-    } else {
-      shutdown();
-    }
+    std::optional<py::gil_scoped_release> nogil;
+    if (Py_IsInitialized() && PyGILState_Check()) nogil.emplace();
+    shutdown();
   }
 
   const std::string getBackendName() const override { return "dpkit"; }

@@ -4,7 +4,6 @@ both launches: env:// (torchrun's variables, no MPI launcher) and mpirun with
 in one job, alternating batch by batch). Short sizes and batches: this
 checks the table and the sums (#wrong, the exact float32 sum of every
 size), not the speed (benchmarks/results/ has the speed)."""
-import os
 import pathlib
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import pytest
 
 import dpkit
 from conftest import mpirun_cmd
-from test_torch_launch import free_port
+from test_torch_launch import run_ranks
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "python" / "dist_allreduce_perf.py"
 ARGS = ["-b", "8", "-e", "4K", "-f", "8", "--batches", "2", "--batch-seconds", "0.002", "-w", "1"]
@@ -43,24 +42,8 @@ def check(table):
             assert wrong == 0 and t > 0, (size, cells)
 
 
-def test_env_launch(tmp_path):
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("OMPI_", "PMI", "PMIX_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))}
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(BENCH), *ARGS],
-                              env=dict(base, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
-                                       WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
-                                       OMP_NUM_THREADS="1"),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    try:
-        outs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{outs[r][-3000:]}"
+def test_env_launch():
+    outs = run_ranks([sys.executable, str(BENCH), *ARGS], 2, timeout=300)
     check(rows(outs[0], ["dpkit", "gloo"]))
 
 

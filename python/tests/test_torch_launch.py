@@ -28,11 +28,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def spawn(case, outdir, world, ranks=None, init="env", world_of=None, timeout=120, extra=None):
-    """Starts dist_worker.py CASE as ranks `ranks` (default: all) of `world`,
-    torchrun's environment and no MPI launcher's; waits for all of them
-    (each under `timeout`); returns {rank: result}. `world_of(rank)` gives a
-    rank another WORLD_SIZE."""
+def run_ranks(argv, world, ranks=None, world_of=None, timeout=120, extra=None):
+    """Starts `argv` as ranks `ranks` (default: all) of `world`, torchrun's
+    environment and no MPI launcher's; waits for all of them (each under
+    `timeout`), asserts each exited 0; returns {rank: its output}.
+    `world_of(rank)` gives a rank another WORLD_SIZE."""
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("OMPI_", "PMI", "PMIX_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))}
     port = free_port()
@@ -40,9 +40,8 @@ def spawn(case, outdir, world, ranks=None, init="env", world_of=None, timeout=12
     for r in (range(world) if ranks is None else ranks):
         env = dict(base, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
                    WORLD_SIZE=str(world_of(r) if world_of else world), LOCAL_RANK=str(r),
-                   LOCAL_WORLD_SIZE=str(world), DPKIT_TEST_INIT=init, OMP_NUM_THREADS="1", **(extra or {}))
-        procs.append((r, subprocess.Popen([sys.executable, str(WORKER), case, str(outdir)], env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+                   LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1", **(extra or {}))
+        procs.append((r, subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
     outs = {}
     try:
         for r, p in procs:
@@ -54,7 +53,15 @@ def spawn(case, outdir, world, ranks=None, init="env", world_of=None, timeout=12
                 p.communicate()
     for r, p in procs:
         assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n" + outs[r][-3000:]
-    return {r: json.loads((outdir / f"rank{r}.json").read_text()) for r, _ in procs}
+    return outs
+
+
+def spawn(case, outdir, world, ranks=None, init="env", world_of=None, timeout=120, extra=None):
+    """Runs dist_worker.py CASE as ranks `ranks` (default: all) of `world`
+    (run_ranks); returns {rank: result}."""
+    outs = run_ranks([sys.executable, str(WORKER), case, str(outdir)], world, ranks, world_of, timeout,
+                     dict(DPKIT_TEST_INIT=init, **(extra or {})))
+    return {r: json.loads((outdir / f"rank{r}.json").read_text()) for r in outs}
 
 
 @pytest.mark.parametrize("world", [2, 3])
