@@ -5,7 +5,15 @@ its transport, finalize MPI and exit, each within the deadline + 5 s.
 
     scripts/rank_death_matrix.py BUILD/tests/mpi/rank_death [--np 3]
         [--mib 64] [--timeout 5] [--algos ring,tree,native,shm,auto]
-        [--hows exit,kill,finalize] [--markdown]
+        [--hows exit,kill,finalize] [--orders transport-first,buffer-first]
+        [--runs 1] [--markdown]
+
+--orders: whether a survivor destroys its transport while its buffer is
+alive (transport-first) or frees the buffer first (buffer-first: the
+program declared the transport before the buffer; the buffer is a mapping
+of its own, so MPI still holding it is a segfault). --runs repeats every
+case; the summary counts the runs per algorithm in which every survivor
+met the bound.
 
 Runs `mpirun -np N --mca orte_abort_on_non_zero_status 0` (a job that
 handles its own errors) with DPKIT_TIMEOUT; the program (tests/mpi/
@@ -44,12 +52,12 @@ def alive(pid):
         return False
 
 
-def run_one(exe, np_, algo, how, mib, timeout):
+def run_one(exe, np_, algo, how, mib, timeout, order="transport-first"):
     env = dict(os.environ, DPKIT_TIMEOUT=str(timeout), OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     env.setdefault("OMPI_MCA_btl", "self,vader")
     cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--mca", "orte_abort_on_non_zero_status", "0",
-           "-x", "DPKIT_TIMEOUT", exe, algo, how, str(np_ - 1), str(mib)]
+           "-x", "DPKIT_TIMEOUT", exe, algo, how, str(np_ - 1), str(mib), order]
     limit = timeout + 5.0
     with tempfile.TemporaryFile(mode="w+") as out:
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -88,13 +96,13 @@ def run_one(exe, np_, algo, how, mib, timeout):
     for r in sorted(r for r in pids if r != np_ - 1):
         m = re.search(rf"survivor {r}: error ([+-][\d.]+) s \((\w+): .*; transport destroyed ([+-][\d.]+) s; "
                       rf"MPI_Finalize ([+-][\d.]+) s$", text, re.M)
-        row = {"algo": algo, "how": how, "rank": r, "exit": exits.get(r)}
+        row = {"algo": algo, "how": how, "order": order, "rank": r, "exit": exits.get(r)}
         if m:
             row.update(error=float(m.group(1)), type=m.group(2), destroyed=float(m.group(3)),
                        finalized=float(m.group(4)))
         rows.append(row)
     if len(rows) != np_ - 1:
-        rows.append({"algo": algo, "how": how, "rank": "?", "exit": None, "log": text[-2000:]})
+        rows.append({"algo": algo, "how": how, "order": order, "rank": "?", "exit": None, "log": text[-2000:]})
     for row in rows:
         ok = all(row.get(k) is not None and row[k] <= limit for k in ("error", "destroyed", "finalized", "exit"))
         row["ok"] = ok
@@ -111,24 +119,43 @@ def main():
     ap.add_argument("--timeout", type=float, default=5)
     ap.add_argument("--algos", default="ring,tree,native,shm,auto")
     ap.add_argument("--hows", default="exit,kill,finalize")
+    ap.add_argument("--orders", default="transport-first")
+    ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
     rows = []
-    for algo in a.algos.split(","):
-        for how in a.hows.split(","):
-            rows += run_one(a.exe, a.np, algo, how, a.mib, a.timeout)
+    runs = {}  # (algo, order) -> [runs, runs in which every survivor met the bound]
+    for run in range(a.runs):
+        for algo in a.algos.split(","):
+            for order in a.orders.split(","):
+                for how in a.hows.split(","):
+                    got = run_one(a.exe, a.np, algo, how, a.mib, a.timeout, order)
+                    for g in got:
+                        g["run"] = run + 1
+                    rows += got
+                    c = runs.setdefault((algo, order, how), [0, 0])
+                    c[0] += 1
+                    c[1] += all(g["ok"] for g in got)
     fmt = lambda v: "-" if v is None else f"{v:.3f}"
     print(f"rank death matrix: {a.np} ranks, {a.mib} MiB all-reduce, DPKIT_TIMEOUT={a.timeout:g}, "
           f"rank {a.np - 1} dies; seconds after the death (bound {a.timeout + 5:g})")
-    print("| algorithm | death | survivor | error | to error | transport destroyed | MPI_Finalize returned | process exited | ok |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| run | algorithm | death | freed first | survivor | error | to error | transport destroyed | "
+          "MPI_Finalize returned | process exited | ok |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['algo']} | {r['how']} | {r['rank']} | {r.get('type', '-')} | {fmt(r.get('error'))} | "
+        print(f"| {r['run']} | {r['algo']} | {r['how']} | {'buffer' if r['order'] == 'buffer-first' else 'transport'} | "
+              f"{r['rank']} | {r.get('type', '-')} | {fmt(r.get('error'))} | "
               f"{fmt(r.get('destroyed'))} | {fmt(r.get('finalized'))} | {fmt(r.get('exit'))} | "
               f"{'yes' if r['ok'] else 'NO'} |")
+    print()
+    print("| algorithm | freed first | death | runs | runs with every survivor within the bound |")
+    print("|---|---|---|---|---|")
+    for (algo, order, how), (n, good) in runs.items():
+        print(f"| {algo} | {'buffer' if order == 'buffer-first' else 'transport'} | {how} | {n} | {good} |")
     bad = [r for r in rows if not r["ok"]]
     for r in bad:
-        print(f"--- {r['algo']} {r['how']} rank {r['rank']}: output tail\n{r.get('log', '')}", file=sys.stderr)
+        print(f"--- run {r['run']} {r['algo']} {r['how']} {r['order']} rank {r['rank']}: output tail\n{r.get('log', '')}",
+              file=sys.stderr)
     print(f"survivors within the bound: {len(rows) - len(bad)} of {len(rows)}")
     return 1 if bad else 0
 

@@ -5,13 +5,21 @@
 // by scripts/rank_death_matrix.sh, which makes the table of
 // docs/reliability.md, and by the meson tests mpi_rank_death_* (timeout).
 //
-//   rank_death ALGO HOW [VICTIM] [MIB]
+//   rank_death ALGO HOW [VICTIM] [MIB] [ORDER]
 //     ALGO   ring | tree | native | shm | auto
 //     HOW    exit (the victim calls _exit(3)) | kill (SIGKILL to itself) |
 //            finalize (the victim calls MPI_Finalize without destroying its
 //            transport, then exits 0)
 //     VICTIM the rank that dies (default: the last)
 //     MIB    message size in MiB (default 64)
+//     ORDER  transport-first (default: the buffer outlives the transport) |
+//            buffer-first (a survivor frees its buffer before it destroys
+//            the transport, as a program that declares the transport first
+//            and the buffer after it does, and as a Python user whose
+//            tensor goes out of scope does). The buffer is then its own
+//            mapping, unmapped at once: any later access by MPI to the
+//            caller's memory is a segfault, not a silent write into memory
+//            malloc gave to someone else.
 //
 // Every rank agrees on the moment of death (t0, 300 ms after a barrier,
 // CLOCK_MONOTONIC is one clock for every process of a host) and prints
@@ -23,15 +31,19 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <typeinfo>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <vector>
 
@@ -47,11 +59,37 @@ const char* type_name(const std::exception& e) {
   if (dynamic_cast<const dpkit::error*>(&e)) return "error";
   return "std::exception";
 }
+
+// The collective's buffer: `n` floats of 1.0 in a mapping of their own
+// (munmap on release, whatever malloc's thresholds are).
+class mapped_floats {
+public:
+  explicit mapped_floats(std::size_t n) : bytes_(std::max<std::size_t>(n * sizeof(float), 1)) {
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      std::perror("rank_death: mmap");
+      std::exit(70);
+    }
+    data_ = static_cast<float*>(p);
+    n_ = n;
+    for (std::size_t i = 0; i < n; ++i) data_[i] = 1.0f;
+  }
+  mapped_floats(const mapped_floats&) = delete;
+  mapped_floats& operator=(const mapped_floats&) = delete;
+  ~mapped_floats() { munmap(data_, bytes_); }
+  std::span<float> span() const { return {data_, n_}; }
+
+private:
+  std::size_t bytes_;
+  float* data_ = nullptr;
+  std::size_t n_ = 0;
+};
 } // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: rank_death ring|tree|native|shm|auto exit|kill|finalize [VICTIM] [MIB]\n");
+    std::fprintf(stderr, "usage: rank_death ring|tree|native|shm|auto exit|kill|finalize [VICTIM] [MIB] "
+                         "[transport-first|buffer-first]\n");
     return 64;
   }
   const dpkit::algorithm algo = dpkit::parse_algorithm(argv[1]);
@@ -63,7 +101,13 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const int victim = argc > 3 ? std::atoi(argv[3]) : size - 1;
   const std::size_t mib = argc > 4 ? std::strtoull(argv[4], nullptr, 10) : 64;
-  std::vector<float> v(mib << 18, 1.0f);
+  const std::string order = argc > 5 ? argv[5] : "transport-first";
+  if (order != "transport-first" && order != "buffer-first") {
+    std::fprintf(stderr, "rank_death: ORDER must be transport-first or buffer-first, got '%s'\n", order.c_str());
+    return 64;
+  }
+  auto buffer = std::make_unique<mapped_floats>(mib << 18);
+  const std::span<float> v = buffer->span();
   std::optional<dpkit::mpi> comm;
   comm.emplace(MPI_COMM_WORLD);
   dpkit::allreduce_policy policy{algo};
@@ -106,6 +150,7 @@ int main(int argc, char** argv) {
       break;
     }
   }
+  if (order == "buffer-first") buffer.reset(); // unmapped: MPI must not hold it any more
   comm.reset();
   char buf[96];
   std::snprintf(buf, sizeof buf, "; transport destroyed %+.3f s", since(t0));

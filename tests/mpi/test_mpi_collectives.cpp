@@ -119,13 +119,15 @@ TEST_CASE("mpi reduce_scatter, allgather, broadcast, reduce, barrier: dpkit's al
   const int n = comm.size(), r = comm.rank();
   const auto un = static_cast<std::size_t>(n);
   // automatic (shm when the ranks share a node), ring/tree over messages,
-  // native, shm
-  for (int variant = 0; variant < 4; ++variant)
+  // native, shm, native with a 4 KiB staging limit (each call in pieces:
+  // 4099 elements cross several, with a short last one)
+  for (int variant = 0; variant < 5; ++variant)
   for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{4099}}) {
     const dpkit::algorithm a = variant == 0   ? dpkit::algorithm::automatic
                                : variant == 1 ? dpkit::algorithm::ring
-                               : variant == 2 ? dpkit::algorithm::native
+                               : variant == 2 || variant == 4 ? dpkit::algorithm::native
                                               : dpkit::algorithm::shm;
+    if (variant == 4) comm.set_stage_limit(4096);
     const dpkit::algorithm rooted = variant == 1 ? dpkit::algorithm::tree : a; // broadcast, reduce
     CAPTURE(a);
     CAPTURE(count);
@@ -178,6 +180,30 @@ TEST_CASE("mpi reduce_scatter, allgather, broadcast, reduce, barrier: dpkit's al
   std::vector<float> t(4);
   CHECK_THROWS_AS(dpkit::reduce_scatter(comm, t, dpkit::reduce_op::sum, dpkit::algorithm::tree), dpkit::invalid_argument);
   CHECK_THROWS_AS(dpkit::broadcast(comm, t, 0, dpkit::algorithm::ring), dpkit::invalid_argument);
+}
+
+TEST_CASE("mpi native with a deadline: the staging stays within its limit, and the sums are right") {
+  dpkit::mpi comm(MPI_COMM_WORLD);
+  const auto un = static_cast<std::size_t>(comm.size());
+  CHECK(comm.staging_bytes() == 0);
+  CHECK(comm.stage_limit() == std::size_t{64} << 20);
+  comm.set_stage_limit(4096);
+  const std::size_t count = 100003; // 400 KiB of floats: about 200 pieces
+  std::vector<float> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>(i % 1000) + static_cast<float>(comm.rank());
+  dpkit::allreduce(comm, v, dpkit::reduce_op::sum, {dpkit::algorithm::native});
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i)
+    wrong += v[i] != static_cast<float>(un * (i % 1000) + un * (un - 1) / 2);
+  CHECK(wrong == 0);
+  std::vector<float> all(count * un);
+  dpkit::allgather(comm, std::span<const float>(v), all, dpkit::algorithm::native);
+  wrong = 0;
+  for (std::size_t k = 0; k < un; ++k) wrong += std::memcmp(all.data() + k * count, v.data(), count * sizeof(float)) != 0;
+  CHECK(wrong == 0);
+  CHECK(comm.staging_bytes() > 0);
+  CHECK(comm.staging_bytes() <= 4096 + 64);
+  CHECK_THROWS_AS(comm.set_stage_limit(0), dpkit::invalid_argument);
 }
 
 TEST_CASE("mpi async all-reduces complete in submission order") {

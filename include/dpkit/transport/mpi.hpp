@@ -57,6 +57,7 @@
 #include <cstdint>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -78,6 +79,14 @@ inline void mpi_check(int code, const char* call, int rank) {
 }
 /// Largest message one MPI request carries (bytes).
 inline constexpr std::size_t mpi_max_message = std::size_t{1} << 30;
+
+/// The most bytes dpkit::mpi stages for one native collective with a
+/// deadline (mpi::stage: an input and an output region, MPI's collective
+/// running out of place between them): larger calls run as several MPI
+/// collectives, each on at most this many bytes of staging (an all-gather
+/// or reduce-scatter counts all the ranks' blocks), so the transport holds
+/// at most this much.
+inline constexpr std::size_t mpi_stage_max = std::size_t{64} << 20;
 
 /// Checks a fragment size for dpkit::mpi's messages to other nodes: 0 (whole
 /// messages) or 4 KiB to 1 GiB. `what` names its source in the error.
@@ -178,6 +187,19 @@ static_assert(sizeof(mpi_fused_block) == 64 && alignof(mpi_fused_block) == 8);
 /// 20 ns less per call than a derived type of the same bytes here).
 inline constexpr int mpi_fused_words = static_cast<int>(sizeof(mpi_fused_block) / sizeof(std::uint64_t));
 
+/// A send or receive of a failed collective that MPI could not finish or
+/// cancel when its request was dropped (mpi_request::cancel): kept, never
+/// freed, for mpi::settle to drain.
+struct mpi_abandoned {
+  MPI_Request request = MPI_REQUEST_NULL;
+  int peer = -1;
+  bool is_send = false;
+};
+
+/// How long mpi::settle waits at most for the peers of a failed collective
+/// (bounded further by the collective's own timeout).
+inline constexpr std::chrono::milliseconds mpi_settle_grace{1000};
+
 /// State shared by an mpi transport and its requests (stable address).
 struct mpi_shared {
   MPI_Comm comm = MPI_COMM_NULL;
@@ -199,6 +221,65 @@ struct mpi_shared {
   mpi_fused_block check_block{}, check_result{};
   std::vector<fingerprint> agree_all;
   std::vector<int> split_all;
+  // The staging area of native collectives with a deadline (mpi::stage):
+  // MPI's non-blocking collective reads and writes it instead of the
+  // caller's buffers, so a call abandoned at its deadline or on a peer's
+  // failure, which MPI may go on running, never touches memory the caller
+  // frees afterwards. Leaked with this state when the transport failed.
+  std::unique_ptr<std::byte[]> stage;
+  std::size_t stage_bytes = 0;
+  std::size_t stage_limit = mpi_stage_max;
+  // Requests of failed collectives that MPI still holds (`held`), the
+  // ranks whose "settled" notice has arrived, and whether this rank sent its
+  // own (mpi::settle); the mutex: requests may be dropped on the
+  // communication thread and the caller's.
+  std::mutex abandon_mu;
+  std::vector<mpi_abandoned> held;
+  std::vector<char> settled_from;
+  bool settled_sent = false;
+  std::vector<MPI_Request> settle_sends;
+  char settle_byte = 1;
+
+  /// Drops a request of this transport that may be incomplete: a receive is
+  /// cancelled (MPI_Cancel succeeds while it is unmatched); what MPI can
+  /// neither finish nor cancel (a send, or a receive already matched) is
+  /// kept in `held`, never freed, since MPI may still read or write its
+  /// buffer until it completes (mpi::settle waits for that).
+  void abandon(MPI_Request& r, int peer, bool is_send) noexcept {
+    if (r == MPI_REQUEST_NULL) return;
+    int done = 0;
+    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    if (!done && !is_send) {
+      MPI_Cancel(&r);
+      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    }
+    if (!done) {
+      try {
+        const std::lock_guard lk(abandon_mu);
+        held.push_back({r, peer, is_send});
+      } catch (...) {
+        // out of memory: the request stays with MPI (as MPI_Request_free would leave it)
+      }
+    }
+    r = MPI_REQUEST_NULL;
+  }
+  /// Whether rank p's process is known to have ended (on one node).
+  bool peer_gone(int p) const noexcept {
+    return shm && p >= 0 && p < size && !shm->left(p) &&
+           process_ended(shm->control(p).pid.load(std::memory_order_relaxed), false);
+  }
+  /// Takes the "settled" notices that have arrived (mpi::settle).
+  void take_settled() noexcept {
+    for (;;) {
+      int flag = 0;
+      MPI_Message msg = MPI_MESSAGE_NULL;
+      MPI_Status st;
+      if (MPI_Improbe(MPI_ANY_SOURCE, settle_tag, comm, &flag, &msg, &st) != MPI_SUCCESS || !flag) return;
+      char b = 0;
+      MPI_Mrecv(&b, 1, MPI_CHAR, &msg, MPI_STATUS_IGNORE);
+      if (st.MPI_SOURCE >= 0 && st.MPI_SOURCE < size) settled_from[static_cast<std::size_t>(st.MPI_SOURCE)] = 1;
+    }
+  }
 
   /// Takes one pending fault notice from `source` (MPI_ANY_SOURCE: any) with
   /// a matched probe (MPI_Improbe + MPI_Mrecv), so two threads polling one
@@ -363,7 +444,7 @@ struct mpi_shared {
         const auto now = std::chrono::steady_clock::now();
         if (now > call.due)
           throw timeout_error(std::string("mpi: rank ") + std::to_string(rank) + ": " + what +
-                              " did not complete (the request is abandoned; MPI may still write the buffer)");
+                              " did not complete (MPI keeps the request, on memory of the transport's own)");
         if (now >= next_poll) {
           poll(-1, my_tag);
           next_poll = now + std::chrono::milliseconds(1);
@@ -471,13 +552,21 @@ private:
     }
     r = MPI_REQUEST_NULL;
   }
+  // Drops the request: through the transport's state when it has one (a
+  // send or matched receive MPI cannot drop is kept there for mpi::settle),
+  // else cancelled and freed.
   void cancel() noexcept {
     if (first_ == MPI_REQUEST_NULL && more_.empty()) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
-    cancel_one(first_);
-    for (auto& r : more_) cancel_one(r);
+    if (sh_) {
+      sh_->abandon(first_, peer_, is_send_);
+      for (auto& r : more_) sh_->abandon(r, peer_, is_send_);
+    } else {
+      cancel_one(first_);
+      for (auto& r : more_) cancel_one(r);
+    }
     more_.clear();
   }
 
@@ -649,9 +738,10 @@ public:
   /// (a small leak on the failure path only); during unwinding it also sends
   /// its peers a fault notice, so a rank waiting in a collective with it
   /// throws peer_error within milliseconds instead of at its deadline. Does
-  /// nothing MPI-related after MPI_Finalize. The caller's own buffers are not
-  /// kept: after a failed collective, MPI may still touch them until
-  /// MPI_Finalize (docs/reliability.md).
+  /// nothing MPI-related after MPI_Finalize. The caller's own buffers need
+  /// not outlive it: a failed collective handed them back only once MPI no
+  /// longer held them (native calls run on the staging area; settle() for
+  /// the rest; the limit is in docs/reliability.md).
   ~mpi() {
     progress_.reset(); // finish queued async collectives first
     if (!sh_) return;  // moved from
@@ -680,6 +770,10 @@ public:
     }
     for (auto& r : sh_->notice_sends)
       if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+    // requests a healthy transport's caller dropped incomplete (no
+    // collective failed): as MPI_Request_free leaves them
+    for (auto& a : sh_->held)
+      if (a.request != MPI_REQUEST_NULL) MPI_Request_free(&a.request);
     if (owned_) MPI_Comm_free(&comm_);
   }
 
@@ -740,6 +834,11 @@ public:
       // as a wait would: a mismatch a peer found in a call this rank has
       // finished (a broadcast root that sent and went on) names both sides
       const std::string at = std::string(op_name) + ": rank " + std::to_string(rank_) + ": ";
+      // this rank posts nothing more: peers waiting on their sends to it stop
+      struct settle_on_exit {
+        mpi& m;
+        ~settle_on_exit() { m.settle(detail::mpi_settle_grace); }
+      } settle{*this};
       try {
         sh_->on_notice(n);
       } catch (const mismatch_error& e) {
@@ -755,6 +854,98 @@ public:
   /// Fails this transport and sends a fault notice to every other rank, whose
   /// waits then throw peer_error within about a millisecond (checked_transport).
   void report_failure(const std::string& what) { sh_->fail_and_notify(what, 1); }
+  /// Called when a failed collective ends (collective_scope, as the
+  /// exception leaves it; check_usable, when a peer's notice fails this
+  /// transport), so that the caller gets its buffers back with nothing in
+  /// MPI still holding them. The collective's requests were dropped by then:
+  /// unmatched receives cancelled; what MPI could not drop (sends, since MPI
+  /// cannot cancel a send, and receives already matched) is in the
+  /// transport's abandoned list. In turn:
+  /// 1. its abandoned receives are progressed until each has completed or
+  ///    its sender's process has ended (a matched transfer finishes while
+  ///    the live sender progresses, which it does in its own settle);
+  /// 2. it tells every other rank it has settled: no receive of its can
+  ///    take data any more (it posts none on a failed transport);
+  /// 3. its abandoned sends are progressed until each has completed, or its
+  ///    receiver has settled (then an incomplete send was never matched and
+  ///    never will be: nobody reads its buffer) or ended.
+  /// Without this, a live peer that matched a send of this rank after the
+  /// caller had freed the buffer read unmapped memory, and Open MPI's
+  /// fallback then made this rank send from it (a segfault in
+  /// mca_pml_ob1_send_request_schedule_once), or a matched receive wrote
+  /// into memory the caller had freed. Bounded: at most min(`timeout`,
+  /// detail::mpi_settle_grace); a peer that neither answers nor ends in that
+  /// time (one that has not reached the collective: its next call refuses
+  /// before it posts a receive, check_usable) leaves its requests in the
+  /// abandoned list, which a failed transport never frees. Never throws.
+  void settle(std::chrono::milliseconds timeout) noexcept {
+    try {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (finalized || detail::mpi_finalizing().load(std::memory_order_acquire)) return;
+      detail::mpi_shared& s = *sh_;
+      const std::lock_guard lk(s.abandon_mu);
+      const auto until = std::chrono::steady_clock::now() + std::min(timeout, detail::mpi_settle_grace);
+      // true when request a needs no more waiting (complete: removed)
+      const auto resolved = [&](detail::mpi_abandoned& a) {
+        if (a.request == MPI_REQUEST_NULL) return true;
+        int done = 0;
+        MPI_Test(&a.request, &done, MPI_STATUS_IGNORE);
+        if (done) return true;
+        if (s.peer_gone(a.peer)) return true;
+        return a.is_send && s.settled_from[static_cast<std::size_t>(a.peer)] != 0;
+      };
+      const auto drain = [&](bool sends) {
+        for (unsigned spins = 0;; ++spins) {
+          s.take_settled();
+          bool all = true;
+          for (auto& a : s.held)
+            if (a.is_send == sends && !resolved(a)) all = false;
+          if (all || std::chrono::steady_clock::now() >= until) return;
+          if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+      };
+      drain(false);
+      if (!s.settled_sent) {
+        s.settled_sent = true;
+        for (int p = 0; p < size_; ++p) {
+          if (p == rank_) continue;
+          MPI_Request r = MPI_REQUEST_NULL;
+          if (MPI_Isend(&s.settle_byte, 1, MPI_CHAR, p, detail::settle_tag, comm_, &r) == MPI_SUCCESS)
+            s.settle_sends.push_back(r);
+        }
+      }
+      drain(true);
+      std::erase_if(s.held, [](const detail::mpi_abandoned& a) { return a.request == MPI_REQUEST_NULL; });
+    } catch (...) {
+    }
+  }
+  /// The most bytes of staging a native collective with a deadline uses
+  /// (its input and output regions; default detail::mpi_stage_max, 64 MiB):
+  /// larger calls run as several MPI collectives of a piece each. A piece
+  /// holds at least one element per rank, so a limit below that is exceeded.
+  std::size_t stage_limit() const noexcept { return sh_->stage_limit; }
+  /// Sets stage_limit() (between collectives, on every rank alike: the
+  /// pieces are MPI's calls, and ranks that cut them differently would pair
+  /// calls of different counts, which the default level's check turns into
+  /// mismatch_error). The staging already held is kept until a larger piece
+  /// needs more.
+  /// @throws dpkit::invalid_argument naming the value and the rank if bytes is 0.
+  void set_stage_limit(std::size_t bytes) {
+    if (bytes == 0)
+      throw invalid_argument("mpi::set_stage_limit: rank " + std::to_string(rank_) + ": the limit must be > 0 bytes");
+    sh_->stage_limit = bytes;
+  }
+  /// Bytes of staging this transport holds now (0 before its first native
+  /// collective with a deadline).
+  std::size_t staging_bytes() const noexcept { return sh_->stage_bytes; }
+  /// Requests MPI still holds for failed collectives (sends never matched by
+  /// a peer that settled, transfers with a rank that ended, or a peer that
+  /// did not settle in time): what a failed transport leaves to MPI.
+  std::size_t abandoned_requests() {
+    const std::lock_guard lk(sh_->abandon_mu);
+    return sh_->held.size();
+  }
   /// How the next native collective runs (set by dpkit's dispatchers): its
   /// deadline and fingerprint, non-blocking or blocking, with or without the
   /// fingerprint agreement step. Calling native_* directly without it runs
@@ -805,10 +996,18 @@ public:
   }
 
   // ---- native collectives (algorithm::native) ----
+  //
+  // Two modes (begin_native): with a deadline (dpkit's default), MPI's
+  // non-blocking collective runs on this transport's staging area (stage):
+  // the caller's data is copied in, the result copied out, so an abandoned
+  // call never leaves MPI holding the caller's memory; without one (how
+  // benchmarks time MPI itself, and direct calls), MPI's blocking call runs
+  // on the caller's buffers (zero-copy).
 
   /// MPI_Allreduce of `count` elements (in == out: MPI_IN_PLACE). avg is
   /// MPI_SUM followed by a local division; f16/bf16 use dpkit's own MPI_Op
-  /// (f32 arithmetic) on MPI_UINT16_T. Counts above INT_MAX are split.
+  /// (f32 arithmetic) on MPI_UINT16_T. Counts above INT_MAX are split; with
+  /// a deadline, pieces of at most stage_limit() bytes of staging.
   void native_allreduce(const void* in, void* out, std::size_t count, element_type t, reduce_op op) {
     const std::size_t es = element_size(t);
     if (sh_->check_pending && count * es <= fused_check_bytes) {
@@ -817,13 +1016,23 @@ public:
       return;
     }
     run_pending_check();
-    for_counts(count, [&](std::size_t off, int n) {
-      const auto* i = static_cast<const std::byte*>(in) + off * es;
-      auto* o = static_cast<std::byte*>(out) + off * es;
-      const void* snd = i == o ? MPI_IN_PLACE : i;
-      collective("MPI_Allreduce", [&](MPI_Request* r) { return MPI_Iallreduce(snd, o, n, datatype(t), mpi_op(t, op), comm_, r); },
-                 [&] { return MPI_Allreduce(snd, o, n, datatype(t), mpi_op(t, op), comm_); });
-    });
+    const auto* i = static_cast<const std::byte*>(in);
+    auto* o = static_cast<std::byte*>(out);
+    if (staged()) {
+      for_stage_pieces(count, 2 * es, [&](std::size_t off, int n) {
+        const std::size_t nb = static_cast<std::size_t>(n) * es;
+        const auto [si, so] = stage(nb, nb);
+        copy_bytes(si, i + off * es, nb);
+        nonblocking("MPI_Allreduce",
+                    [&](MPI_Request* r) { return MPI_Iallreduce(si, so, n, datatype(t), mpi_op(t, op), comm_, r); });
+        copy_bytes(o + off * es, so, nb);
+      });
+    } else {
+      for_counts(count, [&](std::size_t off, int n) {
+        const void* snd = i == o ? MPI_IN_PLACE : static_cast<const void*>(i + off * es);
+        detail::mpi_check(MPI_Allreduce(snd, o + off * es, n, datatype(t), mpi_op(t, op), comm_), "MPI_Allreduce", rank_);
+      });
+    }
     if (op == reduce_op::avg) finish_avg(out, count, t);
   }
   /// MPI_Reduce_scatter_block: `count` = elements per rank of the output.
@@ -835,19 +1044,32 @@ public:
     run_pending_check();
     check_int(count, "MPI_Reduce_scatter_block");
     const std::size_t es = element_size(t);
-    const auto* own = static_cast<const std::byte*>(in) + static_cast<std::size_t>(rank_) * count * es;
-    if (own == out) {
-      auto* buf = const_cast<void*>(in);
-      const int c = static_cast<int>(count);
-      collective("MPI_Reduce_scatter_block",
-                 [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(MPI_IN_PLACE, buf, c, datatype(t), mpi_op(t, op), comm_, r); },
-                 [&] { return MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, c, datatype(t), mpi_op(t, op), comm_); });
-      if (buf != out && count) std::memmove(out, buf, count * es);
+    const auto* i = static_cast<const std::byte*>(in);
+    const auto ranks = static_cast<std::size_t>(size_);
+    if (staged()) {
+      // each piece: elements [off, off + n) of every rank's block, gathered
+      // into the input region as size_ blocks of n
+      for_stage_pieces(count, es * (ranks + 1), [&](std::size_t off, int n) {
+        const std::size_t nb = static_cast<std::size_t>(n) * es;
+        const auto [si, so] = stage(nb * ranks, nb);
+        for (std::size_t p = 0; p < ranks; ++p) copy_bytes(si + p * nb, i + (p * count + off) * es, nb);
+        nonblocking("MPI_Reduce_scatter_block", [&](MPI_Request* r) {
+          return MPI_Ireduce_scatter_block(si, so, n, datatype(t), mpi_op(t, op), comm_, r);
+        });
+        copy_bytes(static_cast<std::byte*>(out) + off * es, so, nb);
+      });
     } else {
+      const auto* own = i + static_cast<std::size_t>(rank_) * count * es;
       const int c = static_cast<int>(count);
-      collective("MPI_Reduce_scatter_block",
-                 [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(in, out, c, datatype(t), mpi_op(t, op), comm_, r); },
-                 [&] { return MPI_Reduce_scatter_block(in, out, c, datatype(t), mpi_op(t, op), comm_); });
+      if (own == out) {
+        auto* buf = const_cast<void*>(in);
+        detail::mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, c, datatype(t), mpi_op(t, op), comm_),
+                          "MPI_Reduce_scatter_block", rank_);
+        if (buf != out && count) std::memmove(out, buf, count * es);
+      } else {
+        detail::mpi_check(MPI_Reduce_scatter_block(in, out, c, datatype(t), mpi_op(t, op), comm_),
+                          "MPI_Reduce_scatter_block", rank_);
+      }
     }
     if (op == reduce_op::avg) finish_avg(out, count, t);
   }
@@ -857,41 +1079,76 @@ public:
   void native_allgather(const void* in, void* out, std::size_t count, element_type t) {
     run_pending_check();
     check_int(count, "MPI_Allgather");
-    const auto* o = static_cast<const std::byte*>(out) + static_cast<std::size_t>(rank_) * count * element_size(t);
-    const void* snd = in == o ? MPI_IN_PLACE : in;
+    const std::size_t es = element_size(t);
+    auto* o = static_cast<std::byte*>(out);
+    const auto ranks = static_cast<std::size_t>(size_);
+    if (staged()) {
+      // each piece: elements [off, off + n) of every rank's block, as
+      // size_ blocks of n in the output region
+      for_stage_pieces(count, es * (ranks + 1), [&](std::size_t off, int n) {
+        const std::size_t nb = static_cast<std::size_t>(n) * es;
+        const auto [si, so] = stage(nb, nb * ranks);
+        copy_bytes(si, static_cast<const std::byte*>(in) + off * es, nb);
+        nonblocking("MPI_Allgather",
+                    [&](MPI_Request* r) { return MPI_Iallgather(si, n, datatype(t), so, n, datatype(t), comm_, r); });
+        for (std::size_t p = 0; p < ranks; ++p) copy_bytes(o + (p * count + off) * es, so + p * nb, nb);
+      });
+      return;
+    }
+    const void* snd = in == o + static_cast<std::size_t>(rank_) * count * es ? MPI_IN_PLACE : in;
     const int c = static_cast<int>(count);
-    collective("MPI_Allgather",
-               [&](MPI_Request* r) { return MPI_Iallgather(snd, c, datatype(t), out, c, datatype(t), comm_, r); },
-               [&] { return MPI_Allgather(snd, c, datatype(t), out, c, datatype(t), comm_); });
+    detail::mpi_check(MPI_Allgather(snd, c, datatype(t), out, c, datatype(t), comm_), "MPI_Allgather", rank_);
   }
   /// MPI_Bcast from root (copies in -> out on root first when they differ).
   void native_broadcast(const void* in, void* out, std::size_t count, element_type t, int root) {
     run_pending_check();
-    if (rank_ == root && in != out && count) std::memcpy(out, in, count * element_size(t));
     const std::size_t es = element_size(t);
+    auto* o = static_cast<std::byte*>(out);
+    if (staged()) {
+      for_stage_pieces(count, es, [&](std::size_t off, int n) {
+        const std::size_t nb = static_cast<std::size_t>(n) * es;
+        std::byte* st = stage(nb, 0).first;
+        if (rank_ == root) copy_bytes(st, static_cast<const std::byte*>(in) + off * es, nb);
+        nonblocking("MPI_Bcast", [&](MPI_Request* r) { return MPI_Ibcast(st, n, datatype(t), root, comm_, r); });
+        copy_bytes(o + off * es, st, nb);
+      });
+      return;
+    }
+    if (rank_ == root && in != out && count) std::memcpy(out, in, count * es);
     for_counts(count, [&](std::size_t off, int n) {
-      void* b = static_cast<std::byte*>(out) + off * es;
-      collective("MPI_Bcast", [&](MPI_Request* r) { return MPI_Ibcast(b, n, datatype(t), root, comm_, r); },
-                 [&] { return MPI_Bcast(b, n, datatype(t), root, comm_); });
+      detail::mpi_check(MPI_Bcast(o + off * es, n, datatype(t), root, comm_), "MPI_Bcast", rank_);
     });
   }
   /// MPI_Reduce to root (out is used on root only; counts above INT_MAX are split).
   void native_reduce(const void* in, void* out, std::size_t count, element_type t, reduce_op op, int root) {
     run_pending_check();
     const std::size_t es = element_size(t);
-    for_counts(count, [&](std::size_t off, int n) {
-      const auto* i = static_cast<const std::byte*>(in) + off * es;
-      auto* o = rank_ == root ? static_cast<std::byte*>(out) + off * es : nullptr;
-      const void* send = (rank_ == root && i == o) ? MPI_IN_PLACE : static_cast<const void*>(i);
-      collective("MPI_Reduce", [&](MPI_Request* r) { return MPI_Ireduce(send, o, n, datatype(t), mpi_op(t, op), root, comm_, r); },
-                 [&] { return MPI_Reduce(send, o, n, datatype(t), mpi_op(t, op), root, comm_); });
-    });
+    const auto* i = static_cast<const std::byte*>(in);
+    if (staged()) {
+      for_stage_pieces(count, 2 * es, [&](std::size_t off, int n) {
+        const std::size_t nb = static_cast<std::size_t>(n) * es;
+        const auto [si, so] = stage(nb, rank_ == root ? nb : 0);
+        copy_bytes(si, i + off * es, nb);
+        nonblocking("MPI_Reduce", [&](MPI_Request* r) {
+          return MPI_Ireduce(si, rank_ == root ? so : nullptr, n, datatype(t), mpi_op(t, op), root, comm_, r);
+        });
+        if (rank_ == root) copy_bytes(static_cast<std::byte*>(out) + off * es, so, nb);
+      });
+    } else {
+      for_counts(count, [&](std::size_t off, int n) {
+        const auto* ip = i + off * es;
+        auto* op_out = rank_ == root ? static_cast<std::byte*>(out) + off * es : nullptr;
+        const void* send = (rank_ == root && ip == op_out) ? MPI_IN_PLACE : static_cast<const void*>(ip);
+        detail::mpi_check(MPI_Reduce(send, op_out, n, datatype(t), mpi_op(t, op), root, comm_), "MPI_Reduce", rank_);
+      });
+    }
     if (op == reduce_op::avg && rank_ == root) finish_avg(out, count, t);
   }
   /// MPI_Barrier.
   void native_barrier() {
     run_pending_check();
-    collective("MPI_Barrier", [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); }, [&] { return MPI_Barrier(comm_); });
+    if (staged()) nonblocking("MPI_Barrier", [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
+    else detail::mpi_check(MPI_Barrier(comm_), "MPI_Barrier", rank_);
   }
 
 private:
@@ -941,6 +1198,7 @@ private:
     sh_->comm = comm_;
     sh_->rank = rank_;
     sh_->size = size_;
+    sh_->settled_from.assign(static_cast<std::size_t>(size_), 0);
     // MPI_TAG_UB is cached on MPI_COMM_WORLD (and copied by MPI_Comm_dup),
     // not on the communicators MPI_Comm_split makes: ask the world.
     int* ub = nullptr;
@@ -1077,19 +1335,47 @@ private:
     detail::mpi_check(MPI_Barrier(comm_), "MPI_Barrier", rank_);
   }
 
-  // One native collective call: the fingerprint agreement first when asked
-  // (begin_native), then the non-blocking call waited against the deadline,
-  // or the blocking call when no deadline was asked for (direct calls).
-  template <class NB, class B>
-  void collective(const char* name, NB&& nonblocking, B&& blocking) {
-    const detail::native_call& c = sh_->call;
-    if (c.with_deadline && c.fp.valid) {
-      MPI_Request r = MPI_REQUEST_NULL;
-      detail::mpi_check(nonblocking(&r), name, rank_);
-      sh_->wait_native(r, name);
-    } else {
-      detail::mpi_check(blocking(), name, rank_);
+  // Whether the native collective runs with a deadline (begin_native), and
+  // so non-blocking on the staging area, or blocking on the caller's buffers.
+  bool staged() const noexcept { return sh_->call.with_deadline && sh_->call.fp.valid; }
+  // One non-blocking native collective, waited against the call's deadline.
+  template <class NB>
+  void nonblocking(const char* name, NB&& post) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    detail::mpi_check(post(&r), name, rank_);
+    sh_->wait_native(r, name);
+  }
+  // The staging area as an input region of `in_bytes` and an output region
+  // of `out_bytes` after it (MPI's collectives out of place: Open MPI's
+  // non-blocking all-reduce in place ran 2.2-2.7x slower from 1 MiB here,
+  // benchmarks/results/2026-12-02-native-staging.md). Grown, never shrunk,
+  // to at most stage_limit() but for a piece of a single element
+  // per rank. It is only replaced between collectives: a failed transport,
+  // whose abandoned call may still use it, runs no further collective.
+  std::pair<std::byte*, std::byte*> stage(std::size_t in_bytes, std::size_t out_bytes) {
+    const std::size_t at = (in_bytes + 63) & ~std::size_t{63};
+    const std::size_t bytes = at + out_bytes;
+    if (bytes > sh_->stage_bytes) {
+      sh_->stage.reset();
+      sh_->stage_bytes = 0;
+      const std::size_t want = std::max(bytes, std::min(2 * bytes, sh_->stage_limit));
+      sh_->stage.reset(new std::byte[want]);
+      sh_->stage_bytes = want;
     }
+    return {sh_->stage.get(), sh_->stage.get() + at};
+  }
+  // Calls f(offset, n) for pieces of `count` elements, each needing at most
+  // stage_limit() bytes of staging at `bytes_per_element` (both
+  // regions; at least one element) and at most INT_MAX elements; no call
+  // for count 0.
+  template <class F>
+  void for_stage_pieces(std::size_t count, std::size_t bytes_per_element, F&& f) const {
+    const std::size_t step = std::clamp<std::size_t>(sh_->stage_limit / std::max<std::size_t>(bytes_per_element, 1), 1,
+                                                     static_cast<std::size_t>(INT_MAX));
+    for (std::size_t off = 0; off < count; off += step) f(off, static_cast<int>(std::min(step, count - off)));
+  }
+  static void copy_bytes(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
+    if (n && dst != src) std::memcpy(dst, src, n);
   }
   // The check of the default level before a native collective: MPI matches
   // collectives by order alone, and ranks that pass different counts make

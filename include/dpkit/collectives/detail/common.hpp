@@ -219,8 +219,12 @@ public:
   collective_scope(const collective_scope&) = delete;
   collective_scope& operator=(const collective_scope&) = delete;
   ~collective_scope() {
-    if (!reported_ && std::uncaught_exceptions() > uncaught_)
-      report("an exception left the collective");
+    if (std::uncaught_exceptions() <= uncaught_) return;
+    if (!reported_) report("an exception left the collective");
+    // The failed call's requests are gone by now (declared after the
+    // scope); a transport whose MPI may still hold their buffers waits for
+    // its peers to let go of them before the caller gets the buffers back.
+    if constexpr (requires { comm_.settle(timeout_); }) comm_.settle(timeout_);
   }
 
   /// The tag of algorithm part t.

@@ -98,6 +98,7 @@ static_assert(std::is_trivially_copyable_v<fingerprint>);
 /// bound fall back to unchecked tags.
 inline constexpr int checked_tag_bit = 1 << 30;
 inline constexpr int control_tag = 1;   ///< fault notices (MPI)
+inline constexpr int settle_tag = 2;    ///< "settled" notices after a failed collective (MPI: mpi::settle)
 inline int checked_tag_base(std::uint64_t seq, std::uint32_t hash) noexcept {
   return checked_tag_bit | static_cast<int>((seq & 0xFFFu) << 18) | static_cast<int>((hash & 0x7FFFu) << 3);
 }
