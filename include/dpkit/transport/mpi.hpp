@@ -1021,7 +1021,9 @@ public:
     if (staged()) {
       for_stage_pieces(count, 2 * es, [&](std::size_t off, int n) {
         const std::size_t nb = static_cast<std::size_t>(n) * es;
-        const auto [si, so] = stage(nb, nb);
+        const auto region = stage(nb, nb);
+        std::byte* const si = region.first;  // not a structured binding: clang 14 cannot capture one
+        std::byte* const so = region.second;
         copy_bytes(si, i + off * es, nb);
         nonblocking("MPI_Allreduce",
                     [&](MPI_Request* r) { return MPI_Iallreduce(si, so, n, datatype(t), mpi_op(t, op), comm_, r); });
@@ -1051,7 +1053,9 @@ public:
       // into the input region as size_ blocks of n
       for_stage_pieces(count, es * (ranks + 1), [&](std::size_t off, int n) {
         const std::size_t nb = static_cast<std::size_t>(n) * es;
-        const auto [si, so] = stage(nb * ranks, nb);
+        const auto region = stage(nb * ranks, nb);
+        std::byte* const si = region.first;  // not a structured binding: clang 14 cannot capture one
+        std::byte* const so = region.second;
         for (std::size_t p = 0; p < ranks; ++p) copy_bytes(si + p * nb, i + (p * count + off) * es, nb);
         nonblocking("MPI_Reduce_scatter_block", [&](MPI_Request* r) {
           return MPI_Ireduce_scatter_block(si, so, n, datatype(t), mpi_op(t, op), comm_, r);
@@ -1087,7 +1091,9 @@ public:
       // size_ blocks of n in the output region
       for_stage_pieces(count, es * (ranks + 1), [&](std::size_t off, int n) {
         const std::size_t nb = static_cast<std::size_t>(n) * es;
-        const auto [si, so] = stage(nb, nb * ranks);
+        const auto region = stage(nb, nb * ranks);
+        std::byte* const si = region.first;  // not a structured binding: clang 14 cannot capture one
+        std::byte* const so = region.second;
         copy_bytes(si, static_cast<const std::byte*>(in) + off * es, nb);
         nonblocking("MPI_Allgather",
                     [&](MPI_Request* r) { return MPI_Iallgather(si, n, datatype(t), so, n, datatype(t), comm_, r); });
@@ -1127,7 +1133,9 @@ public:
     if (staged()) {
       for_stage_pieces(count, 2 * es, [&](std::size_t off, int n) {
         const std::size_t nb = static_cast<std::size_t>(n) * es;
-        const auto [si, so] = stage(nb, rank_ == root ? nb : 0);
+        const auto region = stage(nb, rank_ == root ? nb : 0);
+        std::byte* const si = region.first;  // not a structured binding: clang 14 cannot capture one
+        std::byte* const so = region.second;
         copy_bytes(si, i + off * es, nb);
         nonblocking("MPI_Reduce", [&](MPI_Request* r) {
           return MPI_Ireduce(si, rank_ == root ? so : nullptr, n, datatype(t), mpi_op(t, op), root, comm_, r);
