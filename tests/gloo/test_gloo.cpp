@@ -33,6 +33,7 @@
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <numeric>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -427,6 +428,82 @@ TEST_CASE("gloo: the other collectives, automatic all-reduce, barrier and async 
     for (int r = 0; r < n; ++r) REQUIRE_MESSAGE(errors[static_cast<std::size_t>(r)].empty(), "rank " << r << ": " << errors[static_cast<std::size_t>(r)]);
     CHECK(dpt::check_results<float>(n, cfgs, got) == 0);
     for (int r = 0; r < n; ++r) CHECK(async_sum[static_cast<std::size_t>(r)] == float(n * (n + 1) / 2));
+  }
+}
+
+TEST_CASE("gloo: gather, scatter, all-to-all (even, uneven) and receives from any rank") {
+  temp_dir dir;
+  const bool gloo_pairs = [] {
+    const char* e = std::getenv("DPKIT_TCP_P2P");
+    return e && std::string(e) == "0";
+  }();
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    const auto un = static_cast<std::size_t>(n);
+    const auto errors = run_world(dir.url("a2a-n" + std::to_string(n)), n, [&](dpkit::gloo_transport& comm) {
+      const int r = comm.rank();
+      const auto ur = static_cast<std::size_t>(r);
+      // gather to the last rank, then scatter it back
+      std::vector<std::int32_t> mine(1001, r * 10), all(r == n - 1 ? 1001 * un : 0), back(1001, -1);
+      dpkit::gather(comm, mine, all, n - 1);
+      if (r == n - 1)
+        for (std::size_t i = 0; i < all.size(); ++i) REQUIRE(all[i] == static_cast<std::int32_t>(i / 1001 * 10));
+      dpkit::scatter(comm, all, back, n - 1);
+      REQUIRE(back == mine);
+      // even all-to-all: block p of rank r holds r * 100 + p
+      std::vector<double> in(3 * un), out(3 * un);
+      for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<double>(r * 100) + static_cast<double>(i / 3);
+      dpkit::alltoall(comm, in, out);
+      for (std::size_t i = 0; i < out.size(); ++i) REQUIRE(out[i] == static_cast<double>(i / 3 * 100 + ur));
+      // uneven: rank r sends r + p + 1 elements to rank p
+      std::vector<std::size_t> sc(un), rc(un);
+      for (std::size_t p = 0; p < un; ++p) sc[p] = ur + p + 1, rc[p] = p + ur + 1;
+      std::vector<float> vin(std::accumulate(sc.begin(), sc.end(), std::size_t{0}), static_cast<float>(r));
+      std::vector<float> vout(std::accumulate(rc.begin(), rc.end(), std::size_t{0}), -1.0f);
+      dpkit::alltoallv(comm, vin, sc, vout, rc);
+      std::size_t at = 0;
+      for (std::size_t p = 0; p < un; ++p)
+        for (std::size_t i = 0; i < rc[p]; ++i) REQUIRE(vout[at++] == static_cast<float>(p));
+      // receives from any rank: every other rank sends its rank to rank 0
+      std::int32_t word = r;
+      if (gloo_pairs) {
+        if (r == 0)
+          REQUIRE_THROWS_AS(comm.irecv_any(std::as_writable_bytes(std::span(&word, 1)), 105), dpkit::invalid_argument);
+        return;
+      }
+      if (r == 0) {
+        std::vector<int> sources;
+        for (int k = 1; k < n; ++k) {
+          std::int32_t got = -1;
+          auto q = comm.irecv_any(std::as_writable_bytes(std::span(&got, 1)), 105);
+          q.wait(dpkit::deadline_after(std::chrono::seconds(20)));
+          REQUIRE(q.source() == got);
+          sources.push_back(q.source());
+        }
+        std::sort(sources.begin(), sources.end());
+        for (int k = 1; k < n; ++k) REQUIRE(sources[static_cast<std::size_t>(k - 1)] == k);
+        // two messages of one sender and tag arrive in order
+        std::int32_t a = 0, b = 0;
+        auto qa = comm.irecv_any(std::as_writable_bytes(std::span(&a, 1)), 106);
+        qa.wait(dpkit::deadline_after(std::chrono::seconds(20)));
+        auto qb = comm.irecv_any(std::as_writable_bytes(std::span(&b, 1)), 106);
+        qb.wait(dpkit::deadline_after(std::chrono::seconds(20)));
+        REQUIRE(a == 1);
+        REQUIRE(b == 2);
+      } else {
+        auto s = comm.isend(std::as_bytes(std::span(&word, 1)), 0, 105);
+        s.wait(dpkit::deadline_after(std::chrono::seconds(20)));
+        if (r == 1) {
+          const std::int32_t one = 1, two = 2;
+          auto s1 = comm.isend(std::as_bytes(std::span(&one, 1)), 0, 106);
+          auto s2 = comm.isend(std::as_bytes(std::span(&two, 1)), 0, 106);
+          s1.wait(dpkit::deadline_after(std::chrono::seconds(20)));
+          s2.wait(dpkit::deadline_after(std::chrono::seconds(20)));
+        }
+      }
+      dpkit::barrier(comm);
+    });
+    for (int r = 0; r < n; ++r) CHECK_MESSAGE(errors[static_cast<std::size_t>(r)].empty(), "rank " << r << ": " << errors[static_cast<std::size_t>(r)]);
   }
 }
 

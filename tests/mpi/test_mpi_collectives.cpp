@@ -6,10 +6,12 @@
 
 #include <dpkit/dpkit.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -204,6 +206,75 @@ TEST_CASE("mpi native with a deadline: the staging stays within its limit, and t
   CHECK(comm.staging_bytes() > 0);
   CHECK(comm.staging_bytes() <= 4096 + 64);
   CHECK_THROWS_AS(comm.set_stage_limit(0), dpkit::invalid_argument);
+}
+
+TEST_CASE("mpi gather, scatter, all-to-all (even, uneven), receives from any rank, and a receive of the wrong length") {
+  dpkit::mpi comm(MPI_COMM_WORLD);
+  const int n = comm.size(), r = comm.rank();
+  const auto un = static_cast<std::size_t>(n), ur = static_cast<std::size_t>(r);
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{4099}}) {
+    CAPTURE(count);
+    for (int root = 0; root < n; ++root) {
+      std::vector<std::int64_t> mine(count, r * 7 + 1), all(r == root ? count * un : 0), back(count, -1);
+      dpkit::gather(comm, mine, all, root);
+      // MPI_Gather is the reference
+      std::vector<std::int64_t> ref(r == root ? count * un : 0);
+      MPI_Gather(mine.data(), static_cast<int>(count), MPI_INT64_T, ref.data(), static_cast<int>(count), MPI_INT64_T, root,
+                 MPI_COMM_WORLD);
+      CHECK(all == ref);
+      dpkit::scatter(comm, all, back, root);
+      CHECK(back == mine);
+    }
+    std::vector<float> in(count * un), out(count * un), ref(count * un);
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(r * 1000) + static_cast<float>(i % 1000);
+    dpkit::alltoall(comm, in, out);
+    MPI_Alltoall(in.data(), static_cast<int>(count), MPI_FLOAT, ref.data(), static_cast<int>(count), MPI_FLOAT, MPI_COMM_WORLD);
+    CHECK(out == ref);
+    // uneven: (r + p) % 3 * count elements from r to p, MPI_Alltoallv the reference
+    std::vector<std::size_t> sc(un), rc(un);
+    std::vector<int> isc(un), irc(un), isd(un), ird(un);
+    for (std::size_t p = 0; p < un; ++p) {
+      sc[p] = (ur + p) % 3 * count, rc[p] = (p + ur) % 3 * count;
+      isc[p] = static_cast<int>(sc[p]), irc[p] = static_cast<int>(rc[p]);
+      if (p) isd[p] = isd[p - 1] + isc[p - 1], ird[p] = ird[p - 1] + irc[p - 1];
+    }
+    std::vector<double> vin(std::accumulate(sc.begin(), sc.end(), std::size_t{0}));
+    for (std::size_t i = 0; i < vin.size(); ++i) vin[i] = static_cast<double>(r) + 0.001 * static_cast<double>(i);
+    std::vector<double> vout(std::accumulate(rc.begin(), rc.end(), std::size_t{0}), -1), vref(vout.size());
+    dpkit::alltoallv(comm, vin, sc, vout, rc);
+    MPI_Alltoallv(vin.data(), isc.data(), isd.data(), MPI_DOUBLE, vref.data(), irc.data(), ird.data(), MPI_DOUBLE,
+                  MPI_COMM_WORLD);
+    CHECK(vout == vref);
+  }
+  if (n == 1) return;
+  // every other rank sends its rank to rank 0 with tag 100; rank 0 takes them from any rank
+  std::int32_t word = r;
+  const auto due = dpkit::deadline_after(std::chrono::seconds(30));
+  if (r == 0) {
+    std::vector<int> sources;
+    for (int k = 1; k < n; ++k) {
+      std::int32_t got = -1;
+      auto q = comm.irecv_any(std::as_writable_bytes(std::span(&got, 1)), 100);
+      q.wait(due);
+      CHECK(q.source() == got);
+      sources.push_back(q.source());
+    }
+    std::sort(sources.begin(), sources.end());
+    for (int k = 1; k < n; ++k) CHECK(sources[static_cast<std::size_t>(k - 1)] == k);
+  } else {
+    auto s = comm.isend(std::as_bytes(std::span(&word, 1)), 0, 100);
+    s.wait(due);
+  }
+  // a receive longer than its send: an error naming both lengths (MPI would complete it silently)
+  if (r == 1) {
+    std::int64_t big = 0;
+    auto q = comm.irecv(std::as_writable_bytes(std::span(&big, 1)), 0, 101);
+    CHECK_THROWS_WITH_AS(q.wait(due), doctest::Contains("8 bytes) matched a message of 4 bytes"), dpkit::error);
+  } else if (r == 0) {
+    auto s = comm.isend(std::as_bytes(std::span(&word, 1)), 1, 101);
+    s.wait(due);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST_CASE("mpi async all-reduces complete in submission order") {

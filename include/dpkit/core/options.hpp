@@ -126,7 +126,7 @@ struct collective_options {
   /// must be called in the same order on every rank (they are numbered in that
   /// order, and the number is checked); concurrent collectives on one
   /// transport need distinct tags. On transports without checking (user
-  /// transports, NCCL) messages use tags [tag, tag + 8). Tags 0-7 are
+  /// transports, NCCL) messages use tags [tag, tag + 16). Tags 0-15 are
   /// reserved.
   int tag = 0x6470; // "dp"
   /// Checking level (docs/reliability.md). 1 (default): on checked

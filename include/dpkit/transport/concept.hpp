@@ -108,6 +108,17 @@ concept splittable_transport = transport<C> && requires(C& c, int color, int key
   { c.split(color, key) } -> transport;
 };
 
+/// Refinement: the transport receives from whichever rank sends first with
+/// a tag (MPI_ANY_SOURCE: MPI's and Gloo's recv from any source): the
+/// request's source() names the sender once complete (-1 before). Messages
+/// of one sender and tag still match in order. What torch's recv without a
+/// source runs on (mpi, gloo_transport).
+template <class C>
+concept any_source_transport = transport<C> && requires(C& c, std::span<std::byte> rb, int tag) {
+  { c.irecv_any(rb, tag) } -> request;
+  { c.irecv_any(rb, tag).source() } -> std::convertible_to<int>;
+};
+
 /// Refinement: the transport knows which node each of its ranks runs on
 /// (topology(): MPI_COMM_TYPE_SHARED on MPI, a declared layout on inproc) and
 /// owns the sub-transports the hierarchical collectives run on when

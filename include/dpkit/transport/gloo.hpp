@@ -942,6 +942,64 @@ private:
   detail::gloo_state* st_ = nullptr;
 };
 
+/// A pending receive from whichever rank sends first with its tag
+/// (gloo_transport::irecv_any; MPI_ANY_SOURCE's semantics): until a message
+/// with the tag has arrived from some rank, nothing is posted; then a
+/// receive from that rank takes it, and the request is that receive.
+class gloo_any_request {
+public:
+  gloo_any_request() = default;
+  /// Internal: a receive of `data` with `tag` over transport state `st`.
+  gloo_any_request(std::span<std::byte> data, int tag, detail::gloo_state* st) : data_(data), tag_(tag), st_(st) {}
+  gloo_any_request(gloo_any_request&&) noexcept = default;
+  gloo_any_request& operator=(gloo_any_request&&) noexcept = default;
+
+  /// Blocks until a message with the tag arrived from some rank and was
+  /// received (source() names it).
+  /// @throws dpkit::timeout_error past deadline d (naming the rank, the tag
+  ///         and the bytes); dpkit::peer_error when the transport failed
+  ///         meanwhile; what gloo_request::wait throws once matched (a
+  ///         message of another length: dpkit::error naming both).
+  void wait(deadline d) {
+    for (unsigned polls = 0; !matched(); ++polls) {
+      if (st_->health().failed())
+        throw peer_error("gloo_transport: rank " + std::to_string(st_->rank()) + ": receive from any rank (tag " +
+                         std::to_string(tag_) + ") stopped: the transport failed (first failure: " +
+                         st_->health().failure() + ")");
+      if (clock::now() >= d)
+        throw timeout_error("gloo_transport: rank " + std::to_string(st_->rank()) + ": receive from any rank (tag " +
+                            std::to_string(tag_) + ", " + std::to_string(data_.size()) +
+                            " bytes) did not complete before its deadline: no rank sent a message with this tag");
+      if (polls < 64) std::this_thread::yield();
+      else st_->p2p()->sleep(1000);
+    }
+    inner_.wait(d);
+  }
+  /// True once the message arrived and was received.
+  bool test() { return matched() && inner_.test(); }
+  /// The rank the message came from, or -1 before one arrived.
+  int source() const noexcept { return source_; }
+  /// Payload bytes of this request.
+  std::size_t bytes() const noexcept { return data_.size(); }
+
+private:
+  // Posts the receive once a rank's message with the tag has arrived.
+  bool matched() {
+    if (source_ >= 0) return true;
+    const int p = st_->p2p()->probe(tag_, next_);
+    if (p < 0) return false;
+    source_ = p;
+    inner_ = gloo_request(st_->p2p()->post_recv(data_.data(), data_.size(), p, tag_), st_);
+    return true;
+  }
+  std::span<std::byte> data_;
+  int tag_ = 0;
+  detail::gloo_state* st_ = nullptr;
+  int source_ = -1;
+  int next_ = 0;
+  gloo_request inner_;
+};
+
 /// A group of ranks connected by Gloo's TCP transport (models
 /// dpkit::transport, checked_transport, scratch_transport, async_transport,
 /// splittable_transport, shared_memory_transport, hierarchical_transport):
@@ -1058,6 +1116,20 @@ public:
       return {ch->post_send(data.data(), data.size(), peer, tag), st_.get()};
     }
     return {st_->post(true, const_cast<std::byte*>(data.data()), data.size(), peer, tag), st_.get()};
+  }
+  /// Starts receiving exactly data.size() bytes with `tag` from whichever
+  /// rank's message arrives first (any_source_transport; MPI_ANY_SOURCE).
+  /// Over dpkit's own connections only (shared memory, TCP).
+  /// @throws dpkit::invalid_argument with DPKIT_TCP_P2P=0 (Gloo's unbound
+  ///         buffers: the transport sees no message before its receive);
+  ///         dpkit::communicator_error if the transport failed earlier.
+  gloo_any_request irecv_any(std::span<std::byte> data, int tag) {
+    if (!st_->p2p())
+      throw invalid_argument("gloo_transport::irecv_any: rank " + std::to_string(rank()) +
+                             ": a receive from any rank needs dpkit's own connections (DPKIT_TCP_P2P=0 turned them "
+                             "off)");
+    health().check("gloo_transport::irecv_any", rank());
+    return {data, tag, st_.get()};
   }
   /// Starts receiving exactly data.size() bytes from rank `peer` with `tag`
   /// (a receive longer than its send completes early with the send's bytes

@@ -712,7 +712,15 @@ inline void inproc_request::wait(deadline d) {
     // This rank waits: its current call goes to the shared segment, where a
     // peer waiting in a shm collective reads it.
     if (detail::shm_segment* sg = world_->state(rank_).shm.get()) sg->publish(world_->state(rank_).health.current());
-    if (const int ft = world_->foreign_from(rank_, peer_, tag_)) world_->throw_foreign(rank_, peer_, ft);
+    // a message of another collective at this sequence number, from the
+    // peer waited on or any other (a gather whose ranks name different
+    // roots: the rank that finds the stray message is not always the one
+    // its sender waits for)
+    for (int k = 0; k < world_->size(); ++k) {
+      const int p = (peer_ + k) % world_->size();
+      if (p == rank_) continue;
+      if (const int ft = world_->foreign_from(rank_, p, tag_)) world_->throw_foreign(rank_, p, ft);
+    }
     if (world_->state(peer_).exited.load(std::memory_order_acquire) && !test())
       throw peer_error("inproc: rank " + std::to_string(rank_) + " waits for " + (is_send_ ? "send to" : "receive from") +
                        " rank " + std::to_string(peer_) + " (tag " + std::to_string(tag_) +

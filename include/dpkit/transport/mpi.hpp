@@ -479,19 +479,32 @@ public:
 
   /// True once complete (progresses MPI).
   /// @throws dpkit::error if MPI reports an error.
+  /// @throws dpkit::error if MPI reports an error, or when a receive
+  ///         matched a message of another length (a receive must be exactly
+  ///         as long as its send, on every dpkit transport: MPI would
+  ///         complete a longer receive silently), naming both lengths.
   bool test() {
     if (first_ != MPI_REQUEST_NULL) {
       int flag = 0;
-      detail::mpi_check(MPI_Test(&first_, &flag, MPI_STATUS_IGNORE), "MPI_Test", rank_);
+      MPI_Status st;
+      detail::mpi_check(MPI_Test(&first_, &flag, is_send_ ? MPI_STATUS_IGNORE : &st), "MPI_Test", rank_);
       if (!flag) return false;
+      if (!is_send_) count_received(st);
     }
     if (!more_.empty()) {
       int flag = 0;
-      detail::mpi_check(MPI_Testall(static_cast<int>(more_.size()), more_.data(), &flag, MPI_STATUSES_IGNORE),
+      std::vector<MPI_Status> st(is_send_ ? 0 : more_.size());
+      detail::mpi_check(MPI_Testall(static_cast<int>(more_.size()), more_.data(), &flag,
+                                    is_send_ ? MPI_STATUSES_IGNORE : st.data()),
                         "MPI_Testall", rank_);
       if (!flag) return false;
+      for (const auto& one : st) count_received(one);
       more_.clear();
     }
+    if (!is_send_ && received_ != bytes_)
+      throw error("mpi: rank " + std::to_string(rank_) + ": receive from rank " + std::to_string(peer_) + " (tag " +
+                  std::to_string(tag_) + ", " + std::to_string(bytes_) + " bytes) matched a message of " +
+                  std::to_string(received_) + " bytes: a receive must be exactly as long as its send");
     return true;
   }
   /// Polls until complete. After 1 ms it also watches for fault notices from
@@ -510,8 +523,10 @@ public:
         if (now > d) {
           cancel();
           throw timeout_error("mpi: rank " + std::to_string(rank_) + " timed out waiting for " +
-                              (is_send_ ? "send to" : "receive from") + " rank " + std::to_string(peer_) + " (tag " +
-                              std::to_string(tag_) + ")");
+                              (is_send_ ? "send to rank " + std::to_string(peer_)
+                               : peer_ == MPI_ANY_SOURCE ? std::string("receive from any rank")
+                                                         : "receive from rank " + std::to_string(peer_)) +
+                              " (tag " + std::to_string(tag_) + ")");
         }
         if (sh_) {
           if (next_poll == deadline{}) next_poll = now + std::chrono::milliseconds(1);
@@ -530,9 +545,19 @@ public:
   }
   /// Payload bytes of this request.
   std::size_t bytes() const noexcept { return bytes_; }
+  /// The peer: for a receive from any rank (mpi::irecv_any), the rank the
+  /// message came from once complete, -1 before.
+  int source() const noexcept { return peer_ == MPI_ANY_SOURCE ? source_ : peer_; }
 
 private:
+  void count_received(const MPI_Status& st) noexcept {
+    if (peer_ == MPI_ANY_SOURCE) source_ = st.MPI_SOURCE;
+    int n = 0;
+    if (MPI_Get_count(&st, MPI_BYTE, &n) == MPI_SUCCESS && n > 0) received_ += static_cast<std::size_t>(n);
+  }
   void swap(mpi_request& o) noexcept {
+    std::swap(received_, o.received_);
+    std::swap(source_, o.source_);
     std::swap(first_, o.first_);
     std::swap(more_, o.more_);
     std::swap(sh_, o.sh_);
@@ -574,6 +599,8 @@ private:
   std::vector<MPI_Request> more_;
   detail::mpi_shared* sh_ = nullptr;
   std::size_t bytes_ = 0;
+  std::size_t received_ = 0; // bytes the completed pieces of a receive brought
+  int source_ = -1;          // a receive from any rank: the rank it came from, once complete
   int rank_ = 0, peer_ = 0, tag_ = 0;
   bool is_send_ = false;
 };
@@ -793,6 +820,20 @@ public:
     return start(data.size(), peer, tag, true, [&](std::size_t off, int n, MPI_Request* r) {
       detail::mpi_check(MPI_Isend(data.data() + off, n, MPI_BYTE, peer, tag, comm_, r), "MPI_Isend", rank_);
     });
+  }
+  /// MPI_Irecv of exactly data.size() bytes with `tag` from any rank
+  /// (MPI_ANY_SOURCE; any_source_transport): the request's source() names
+  /// the sender once complete. Messages above 1 GiB cannot be received from
+  /// any rank (their pieces could match different senders).
+  /// @throws dpkit::invalid_argument above 1 GiB; dpkit::error on MPI failure.
+  mpi_request irecv_any(std::span<std::byte> data, int tag) {
+    if (data.size() > detail::mpi_max_message)
+      throw invalid_argument("mpi::irecv_any: rank " + std::to_string(rank_) + ": " + std::to_string(data.size()) +
+                             " bytes: a receive from any rank takes at most 1 GiB");
+    MPI_Request r = MPI_REQUEST_NULL;
+    detail::mpi_check(MPI_Irecv(data.data(), static_cast<int>(data.size()), MPI_BYTE, MPI_ANY_SOURCE, tag, comm_, &r),
+                      "MPI_Irecv", rank_);
+    return mpi_request(r, {}, rank_, MPI_ANY_SOURCE, tag, false, sh_.get(), data.size());
   }
   /// MPI_Irecv of exactly data.size() bytes from `peer` with `tag`.
   /// @throws dpkit::invalid_argument if peer is out of range; dpkit::error on MPI failure.

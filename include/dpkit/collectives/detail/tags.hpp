@@ -18,10 +18,16 @@ enum class tag_offset : int {
   allgather_ring = 5,
   recursive_doubling = 6, ///< recursive-doubling all-reduce between nodes (hierarchical.hpp)
   barrier = 7,
+  gather = 8,         ///< linear gather (rank -> root)
+  scatter = 9,        ///< linear scatter (root -> rank)
+  alltoall = 10,      ///< pairwise all-to-all, even and uneven
+  rooted_ack = 11,    ///< the empty acknowledgements of gather and scatter (checked transports)
+  alltoall_counts = 12, ///< the counts an uneven all-to-all's ranks compare first (checked transports)
 };
 
-/// Number of tags a collective may use from its base tag.
-inline constexpr int tag_span = 8;
+/// Number of tags a collective may use from its base tag (the algorithm
+/// part of a checked tag has 4 bits: transport/detail/health.hpp).
+inline constexpr int tag_span = 16;
 
 // A collective's tag base is options.tag on unchecked transports, and on
 // checked ones (transport/detail/health.hpp) a value that also carries the

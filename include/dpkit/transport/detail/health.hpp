@@ -24,7 +24,7 @@
 namespace dpkit::detail {
 
 /// The collectives a fingerprint names.
-enum class coll_kind : std::uint8_t { allreduce, reduce_scatter, allgather, broadcast, reduce, barrier };
+enum class coll_kind : std::uint8_t { allreduce, reduce_scatter, allgather, broadcast, reduce, barrier, gather, scatter, alltoall, alltoallv };
 
 inline const char* coll_kind_name(coll_kind k) noexcept {
   switch (k) {
@@ -34,6 +34,10 @@ inline const char* coll_kind_name(coll_kind k) noexcept {
   case coll_kind::broadcast: return "broadcast";
   case coll_kind::reduce: return "reduce";
   case coll_kind::barrier: return "barrier";
+  case coll_kind::gather: return "gather";
+  case coll_kind::scatter: return "scatter";
+  case coll_kind::alltoall: return "alltoall";
+  case coll_kind::alltoallv: return "alltoallv";
   }
   return "?";
 }
@@ -80,7 +84,9 @@ struct fingerprint {
     std::string s = coll_kind_name(static_cast<coll_kind>(kind));
     s += "(";
     if (static_cast<coll_kind>(kind) != coll_kind::barrier) {
-      s += std::string(element_type_name(static_cast<element_type>(type))) + ", " + std::to_string(count);
+      // an uneven all-to-all's counts differ between ranks: its count is the world size
+      s += std::string(element_type_name(static_cast<element_type>(type))) + ", " +
+           (static_cast<coll_kind>(kind) == coll_kind::alltoallv ? "splits" : std::to_string(count));
       if (op != 0xff) s += ", " + std::string(reduce_op_name(static_cast<reduce_op>(op)));
       if (root >= 0) s += ", root " + std::to_string(root);
       s += ", ";
@@ -92,19 +98,19 @@ struct fingerprint {
 static_assert(std::is_trivially_copyable_v<fingerprint>);
 
 /// Tag layout of checked transports: bit 30 marks a collective message; bits
-/// 18-29 are the sequence number's low 12 bits, bits 3-17 the fingerprint hash's
-/// low 15 bits, bits 0-2 the algorithm part (tags.hpp). Needs MPI_TAG_UB >=
+/// 18-29 are the sequence number's low 12 bits, bits 4-17 the fingerprint hash's
+/// low 14 bits, bits 0-3 the algorithm part (tags.hpp). Needs MPI_TAG_UB >=
 /// 2^31 - 1 (Open MPI, MPICH ch3/ch4 defaults); transports with a smaller
 /// bound fall back to unchecked tags.
 inline constexpr int checked_tag_bit = 1 << 30;
 inline constexpr int control_tag = 1;   ///< fault notices (MPI)
 inline constexpr int settle_tag = 2;    ///< "settled" notices after a failed collective (MPI: mpi::settle)
 inline int checked_tag_base(std::uint64_t seq, std::uint32_t hash) noexcept {
-  return checked_tag_bit | static_cast<int>((seq & 0xFFFu) << 18) | static_cast<int>((hash & 0x7FFFu) << 3);
+  return checked_tag_bit | static_cast<int>((seq & 0xFFFu) << 18) | static_cast<int>((hash & 0x3FFFu) << 4);
 }
 inline bool is_checked_tag(int tag) noexcept { return (tag & checked_tag_bit) != 0; }
 inline int tag_seq_bits(int tag) noexcept { return (tag >> 18) & 0xFFF; }
-inline int tag_hash_bits(int tag) noexcept { return (tag >> 3) & 0x7FFF; }
+inline int tag_hash_bits(int tag) noexcept { return (tag >> 4) & 0x3FFF; }
 /// True when `seen` (a message tag from a peer) belongs to a different
 /// collective at the same sequence number as `mine` (this rank's tag).
 inline bool foreign_tag(int mine, int seen) noexcept {

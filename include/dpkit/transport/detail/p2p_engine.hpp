@@ -83,6 +83,14 @@ public:
   /// The tag of an unreceived message from `peer` that belongs to another
   /// collective at the sequence number of `tag` (foreign_tag), or 0.
   virtual int foreign_message(int peer, int tag) = 0;
+  /// Moves what can move from every peer, then returns a peer whose oldest
+  /// unreceived message with `tag` has arrived (or whose next message,
+  /// held back by flow control, has that tag), starting the search at
+  /// `from` (round robin over the peers); -1 when none. A receive then
+  /// posted from that peer with that tag takes that message (a pair's
+  /// messages of one tag match in order), unless another thread posts one
+  /// first. What a receive from any rank (MPI_ANY_SOURCE) is built on.
+  virtual int probe(int tag, int from) = 0;
   /// Withdraws `op` if still pending (its buffer is never touched
   /// afterwards); true when it was pending.
   virtual bool withdraw(p2p_op& op) = 0;

@@ -440,6 +440,21 @@ public:
     b.sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
 
+  int probe(int tag, int from) override {
+    std::lock_guard lk(mu_);
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_) pump_in(p);
+    for (int k = 0; k < size_; ++k) {
+      const int p = (from + k) % size_;
+      if (p == rank_ || p < 0) continue;
+      const incoming& s = in_[static_cast<std::size_t>(p)];
+      for (const auto& u : s.early)
+        if (u->tag == tag) return p;
+      if (s.held && s.held_tag == tag) return p;
+    }
+    return -1;
+  }
+
   /// The tag of a message from `peer` that arrived unreceived and belongs to
   /// another collective at the sequence number of `tag` (foreign_tag), or 0.
   int foreign_message(int peer, int tag) override {
@@ -511,6 +526,8 @@ private:
     std::shared_ptr<shm_p2p_op> target_op; // ... into this receive,
     early_msg* target_ux = nullptr;       // ... or this buffer,
     bool discard = false;                  // ... or nowhere (its receive failed or was withdrawn)
+    bool held = false;                     // the next message (tag held_tag) waits in the ring (budget)
+    int held_tag = 0;
   };
 
   static std::shared_ptr<shm_p2p_op> make(bool is_send, std::byte* data, std::size_t bytes, int peer, int tag) {
@@ -790,8 +807,11 @@ private:
           // posted, so a sender cannot run arbitrarily far ahead of its
           // receiver (a stream of broadcasts from a root made the receiver
           // buffer thousands of early messages).
+          s.held = true;
+          s.held_tag = h.tag;
           break;
         }
+        s.held = false;
         if (!s.active) begin_message(s, h, 0, 0);
         std::byte* dst = nullptr;
         if (s.target_op) dst = s.target_op->data + s.got;

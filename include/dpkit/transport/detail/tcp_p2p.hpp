@@ -206,6 +206,21 @@ public:
         if (f.revents & (POLLIN | POLLHUP | POLLERR)) drain_.store(true, std::memory_order_relaxed); // progress() reads them all
   }
 
+  int probe(int tag, int from) override {
+    std::lock_guard lk(mu_);
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_) pump_in(p);
+    for (int k = 0; k < size_; ++k) {
+      const int p = (from + k) % size_;
+      if (p == rank_ || p < 0) continue;
+      const incoming& s = in_[static_cast<std::size_t>(p)];
+      for (const auto& u : s.early)
+        if (u->tag == tag) return p;
+      if (s.held && s.hdr.tag == tag) return p;
+    }
+    return -1;
+  }
+
   int foreign_message(int peer, int tag) override {
     std::lock_guard lk(mu_);
     const incoming& s = in_[static_cast<std::size_t>(peer)];
