@@ -3,4 +3,4 @@
 // typesize x nranks, as nccl-tests prints it.
 #include "bench.hpp"
 
-int main(int argc, char** argv) { return dpkit_bench::bench_main(dpkit_bench::collective::allgather, argc, argv); }
+int main(int argc, char** argv) { return dpkit_bench::bench_main<dpkit_bench::collective::allgather>(argc, argv); }

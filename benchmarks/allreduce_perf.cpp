@@ -2,4 +2,4 @@
 // MPI_Allreduce, auto = dpkit::allreduce's policy). busbw = algbw x 2(n-1)/n.
 #include "bench.hpp"
 
-int main(int argc, char** argv) { return dpkit_bench::bench_main(dpkit_bench::collective::allreduce, argc, argv); }
+int main(int argc, char** argv) { return dpkit_bench::bench_main<dpkit_bench::collective::allreduce>(argc, argv); }

@@ -2,4 +2,4 @@
 // auto). busbw = algbw. -r root (default 0; -1: every root in turn).
 #include "bench.hpp"
 
-int main(int argc, char** argv) { return dpkit_bench::bench_main(dpkit_bench::collective::broadcast, argc, argv); }
+int main(int argc, char** argv) { return dpkit_bench::bench_main<dpkit_bench::collective::broadcast>(argc, argv); }

@@ -3,4 +3,4 @@
 // count x typesize x nranks, as nccl-tests prints it.
 #include "bench.hpp"
 
-int main(int argc, char** argv) { return dpkit_bench::bench_main(dpkit_bench::collective::reduce_scatter, argc, argv); }
+int main(int argc, char** argv) { return dpkit_bench::bench_main<dpkit_bench::collective::reduce_scatter>(argc, argv); }

@@ -177,36 +177,34 @@ inline constexpr std::size_t inplace_result_offset(collective k, int rank, std::
   return k == collective::reduce_scatter ? static_cast<std::size_t>(rank) * count : 0;
 }
 
-/// Runs collective k once with algorithm a on x (in place or not, as x says),
+/// Runs collective K once with algorithm a on x (in place or not, as x says),
 /// through dpkit's dispatcher for that collective (dpkit::allreduce with
 /// allreduce_policy{a}, dpkit::reduce_scatter, allgather, broadcast, reduce
 /// with a): `native` is the transport's own collective, `automatic` dpkit's
 /// choice. Throws dpkit::invalid_argument for an algorithm the collective or
-/// transport does not have (the driver never selects one).
-template <class C, class T>
-void run_collective(collective k, C& comm, dpkit::algorithm a, const op_args<T>& x) {
+/// transport does not have (the driver never selects one). K is a template
+/// argument: each *_perf program instantiates its own collective only (over
+/// every element type and transport), not all five (a fifth of the compile
+/// time).
+template <collective K, class C, class T>
+void run_collective(C& comm, dpkit::algorithm a, const op_args<T>& x) {
   const std::span<const T> in = x.in;
-  switch (k) {
-  case collective::allreduce:
+  if constexpr (K == collective::allreduce) {
     if (x.in_place) dpkit::allreduce(comm, x.buf, x.op, dpkit::allreduce_policy{.algo = a}, x.opts);
     else dpkit::allreduce(comm, in, x.out, x.op, dpkit::allreduce_policy{.algo = a}, x.opts);
-    return;
-  case collective::reduce_scatter:
+  } else if constexpr (K == collective::reduce_scatter) {
     if (x.in_place) dpkit::reduce_scatter(comm, x.buf, x.op, a, x.opts);
     else dpkit::reduce_scatter(comm, in, x.out, x.op, a, x.opts);
-    return;
-  case collective::allgather:
+  } else if constexpr (K == collective::allgather) {
     if (x.in_place) dpkit::allgather(comm, x.buf, a, x.opts);
     else dpkit::allgather(comm, in, x.out, a, x.opts);
-    return;
-  case collective::broadcast:
+  } else if constexpr (K == collective::broadcast) {
     if (x.in_place) dpkit::broadcast(comm, x.buf, x.root, a, x.opts);
     else dpkit::broadcast(comm, in, x.out, x.root, a, x.opts);
-    return;
-  case collective::reduce:
+  } else {
+    static_assert(K == collective::reduce);
     if (x.in_place) dpkit::reduce(comm, x.buf, x.op, x.root, a, x.opts);
     else dpkit::reduce(comm, in, x.out, x.op, x.root, a, x.opts);
-    return;
   }
 }
 

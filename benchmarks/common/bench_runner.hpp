@@ -1,5 +1,5 @@
 // dpkit benchmarks: the nccl-tests-style driver. A *_perf program is
-//   int main(int argc, char** argv) { return dpkit_bench::bench_main(dpkit_bench::collective::allreduce, argc, argv); }
+//   int main(int argc, char** argv) { return dpkit_bench::bench_main<dpkit_bench::collective::allreduce>(argc, argv); }
 // and everything else follows from the collective: its algorithms
 // (bench_collectives.hpp), its data check (bench_data.hpp), its output
 // (bench_report.hpp).
@@ -78,12 +78,12 @@ inline std::vector<std::size_t> sizes_of(const options& o) {
   return sizes;
 }
 
-/// One rank's run of collective `kind` over transport C.
-template <class C>
+/// One rank's run of collective K over transport C.
+template <class C, collective K>
 class runner {
 public:
-  runner(collective kind, C& comm, const options& o, transport_kind t)
-      : kind_(kind), comm_(comm), o_(o), transport_(t), rank_(comm.rank()), n_(comm.size()),
+  runner(C& comm, const options& o, transport_kind t)
+      : comm_(comm), o_(o), transport_(t), rank_(comm.rank()), n_(comm.size()),
         out_(comm.rank() == 0 ? stdout : nullptr) {
     hopts_.tag = 0x7100; // harness messages (stats, header) never share tags with the measured collective
     hopts_.timeout = o.copts.timeout;
@@ -296,10 +296,10 @@ private:
     // cursor keeps moving across measurements (see bench_buffers.hpp).
     auto call = [&](std::size_t k) {
       if (nsets == 1) {
-        run_collective(kind_, comm_, a, x0);
+        run_collective<K>(comm_, a, x0);
       } else {
         coll_counts unused{};
-        run_collective(kind_, comm_, a, make_args<T>(size, op, root, in_place, (cursor_ + k) % nsets, unused));
+        run_collective<K>(comm_, a, make_args<T>(size, op, root, in_place, (cursor_ + k) % nsets, unused));
       }
     };
     value_gen g{op, reduces(kind_), n_, 0};
@@ -357,7 +357,7 @@ private:
         expect_key_ = key;
         expect_valid_ = true;
       }
-      run_collective(kind_, comm_, a, x);
+      run_collective<K>(comm_, a, x);
       std::int64_t wrong = 0;
       if (expect_len_)
         wrong = count_wrong<T>(result_span(kind_, x, rank_, expect_len_),
@@ -387,7 +387,7 @@ private:
         for (auto a : algos_)
           for (std::size_t s : {sizes_.back(), sizes_.front()}) {
             const auto x = make_args<T>(s, op, root, false, 0, c);
-            for (int w = 0; w < o_.warmup; ++w) run_collective(kind_, comm_, a, x);
+            for (int w = 0; w < o_.warmup; ++w) run_collective<K>(comm_, a, x);
           }
         for (std::size_t s : sizes_) {
           for (std::size_t i = 0; i < algos_.size(); ++i) {
@@ -424,7 +424,7 @@ private:
     }
   }
 
-  collective kind_;
+  static constexpr collective kind_ = K;
   C& comm_;
   const options& o_;
   transport_kind transport_;
@@ -452,17 +452,31 @@ private:
   bool stream_ = true;
 };
 
+/// allreduce_perf's --tune and --explain (parse_options takes them for the
+/// all-reduce only): run on `comm` and return the exit code, or -1 when
+/// neither was asked for (or K is another collective: nothing of theirs is
+/// compiled into the other programs).
+template <collective K, class C>
+int tune_or_explain(C& comm, const options& o) {
+  if constexpr (K == collective::allreduce) {
+    if (!o.tune_file.empty()) return tune_allreduce(comm, o, o.tune_file);
+    if (!o.explain_arg.empty()) return explain_allreduce(comm, o.explain_bytes);
+  } else {
+    (void)comm, (void)o;
+  }
+  return -1;
+}
+
 /// Runs o.nthreads ranks as threads over the inproc transport. Returns the exit code.
-inline int run_inproc(collective kind, const options& o) {
+template <collective K>
+int run_inproc(const options& o) {
   dpkit::inproc_world world(o.nthreads);
   std::atomic<int> failed{0};
   try {
     world.run([&](dpkit::inproc& comm) {
-      int f = 0;
-      if (!o.tune_file.empty()) f = tune_allreduce(comm, o, o.tune_file);
-      else if (!o.explain_arg.empty()) f = explain_allreduce(comm, o.explain_bytes);
-      else {
-        runner<dpkit::inproc> r(kind, comm, o, transport_kind::inproc);
+      int f = tune_or_explain<K>(comm, o);
+      if (f < 0) {
+        runner<dpkit::inproc, K> r(comm, o, transport_kind::inproc);
         f = r.run();
       }
       if (comm.rank() == 0) failed = f;
@@ -483,7 +497,8 @@ inline int run_inproc(collective kind, const options& o) {
 /// or torch's env:// variables), without MPI. Returns the exit code. An
 /// error other than a usage error is not caught (run_main reports it; the
 /// peers' waits fail when this process's connections close).
-inline int run_gloo(collective kind, const options& o, const dpkit::launch_info& job) {
+template <collective K>
+int run_gloo(const options& o, const dpkit::launch_info& job) {
   const char* prog = o.argv.empty() ? "bench" : o.argv[0].c_str();
   // Refused before connecting: a rank started alone must not wait for its
   // peers to learn that its command line cannot run.
@@ -501,12 +516,9 @@ inline int run_gloo(collective kind, const options& o, const dpkit::launch_info&
   dpkit::gloo_transport comm = dpkit::connect_launch(job, go);
   int rc = 0;
   try {
-    if (!o.tune_file.empty()) {
-      rc = tune_allreduce(comm, o, o.tune_file);
-    } else if (!o.explain_arg.empty()) {
-      rc = explain_allreduce(comm, o.explain_bytes);
-    } else {
-      runner<dpkit::gloo_transport> r(kind, comm, o, transport_kind::gloo);
+    rc = tune_or_explain<K>(comm, o);
+    if (rc < 0) {
+      runner<dpkit::gloo_transport, K> r(comm, o, transport_kind::gloo);
       rc = r.run() ? 1 : 0;
     }
   } catch (const usage_error& e) {
@@ -521,7 +533,8 @@ inline int run_gloo(collective kind, const options& o, const dpkit::launch_info&
 /// DPKIT_RENDEZVOUS / DPKIT_RANK / DPKIT_WORLD_SIZE, else torch's env://
 /// variables), when no MPI launcher started it: runs it and returns true
 /// with the exit code in `rc`; false when there is none (run as before).
-inline bool run_launched(collective kind, const options& o, int& rc) {
+template <collective K>
+bool run_launched(const options& o, int& rc) {
   const char* prog = o.argv.empty() ? "bench" : o.argv[0].c_str();
   if (detail::started_by_mpi_launcher()) return false; // parse_options refused the flags under mpirun
 #if defined(DPKIT_WITH_GLOO)
@@ -543,10 +556,9 @@ inline bool run_launched(collective kind, const options& o, int& rc) {
     rc = 1;
     return true;
   }
-  rc = run_gloo(kind, o, *job);
+  rc = run_gloo<K>(o, *job);
   return true;
 #else
-  (void)kind;
   if (!o.launch_flags_given() && !std::getenv("DPKIT_RENDEZVOUS")) return false;
   std::fprintf(stderr,
                "%s: --rendezvous/--rank/--world-size (or DPKIT_RENDEZVOUS) launch without mpirun over the Gloo "
@@ -558,14 +570,15 @@ inline bool run_launched(collective kind, const options& o, int& rc) {
 }
 
 /// The body of bench_main (below).
-inline int bench_main_body(collective kind, int argc, char** argv) {
+template <collective K>
+int bench_main_body(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   int code = 0;
-  const auto o = parse_options(argc, argv, kind, code);
+  const auto o = parse_options(argc, argv, K, code);
   if (!o) return code;
   if (!o->predict_shape.empty()) return predict_allreduce(*o, o->predict_shape);
   // Launched without mpirun (flags or env://): Gloo ranks, no MPI_Init.
-  if (int rc = 0; run_launched(kind, *o, rc)) return rc;
+  if (int rc = 0; run_launched<K>(*o, rc)) return rc;
 #if defined(DPKIT_WITH_MPI)
   int provided = 0;
   // MPI_THREAD_MULTIPLE: the hierarchical all-reduce runs its stage between
@@ -585,7 +598,7 @@ inline int bench_main_body(collective kind, int argc, char** argv) {
                      argv[0], o->nthreads, size);
       rc = 1;
     } else {
-      rc = run_inproc(kind, *o);
+      rc = run_inproc<K>(*o);
     }
   } else {
     // A usage error is thrown alike on every rank before any communication;
@@ -593,12 +606,9 @@ inline int bench_main_body(collective kind, int argc, char** argv) {
     // without unwinding through comm while other ranks wait in a collective.
     try {
       dpkit::mpi comm(MPI_COMM_WORLD);
-      if (!o->tune_file.empty()) {
-        rc = tune_allreduce(comm, *o, o->tune_file);
-      } else if (!o->explain_arg.empty()) {
-        rc = explain_allreduce(comm, o->explain_bytes);
-      } else {
-        runner<dpkit::mpi> r(kind, comm, *o, transport_kind::mpi);
+      rc = tune_or_explain<K>(comm, *o);
+      if (rc < 0) {
+        runner<dpkit::mpi, K> r(comm, *o, transport_kind::mpi);
         rc = r.run() ? 1 : 0;
       }
     } catch (const usage_error& e) {
@@ -609,17 +619,18 @@ inline int bench_main_body(collective kind, int argc, char** argv) {
   MPI_Finalize();
   return rc;
 #else
-  return run_inproc(kind, *o);
+  return run_inproc<K>(*o);
 #endif
 }
 
-/// The main() of a *_perf program measuring collective `kind`: an error on
-/// any rank prints "<program>: rank R: <what>" and ends the whole job
+/// The main() of a *_perf program measuring collective K: an error on any
+/// rank prints "<program>: rank R: <what>" and ends the whole job
 /// (examples/run_main.hpp), never a hang.
-inline int bench_main(collective kind, int argc, char** argv) {
+template <collective K>
+int bench_main(int argc, char** argv) {
   const char* slash = argc > 0 ? std::strrchr(argv[0], '/') : nullptr;
   const char* program = argc > 0 ? (slash ? slash + 1 : argv[0]) : "bench";
-  return dpkit_programs::run_main(program, [&] { return bench_main_body(kind, argc, argv); });
+  return dpkit_programs::run_main(program, [&] { return bench_main_body<K>(argc, argv); });
 }
 
 } // namespace dpkit_bench
