@@ -6,9 +6,12 @@
     import dpkit, torch.distributed as dist
     dist.init_process_group("dpkit")     # env://; or init_method="file:///...", "tcp://HOST:PORT"
 
-and every ``dist.all_reduce`` / ``broadcast`` / ``all_gather`` /
-``reduce_scatter`` / ``reduce`` / ``barrier`` on CPU tensors of the group runs
-dpkit's algorithms, so ``DistributedDataParallel`` runs over it unchanged.
+and every torch.distributed operation on CPU tensors of the group runs on
+dpkit (every one ProcessGroupGloo has: the collectives, gather, scatter,
+all_to_all with even and uneven splits, send/recv with tags and from any
+source, batch_isend_irecv, the object collectives, monitored_barrier,
+sequence numbers), so ``DistributedDataParallel``, FSDP2,
+torch.distributed.checkpoint and pipelining run over it unchanged.
 The ranks meet through the store torch hands the backend (each group,
 ``dist.new_group(ranks, backend="dpkit")`` too, under its own prefix) and
 talk over dpkit's Gloo transport: within a node through a shared-memory
@@ -32,13 +35,16 @@ Semantics: torch.distributed's (matching ProcessGroupGloo on CPU tensors):
 the collectives are asynchronous (``async_op=True`` returns a Work whose
 ``wait()`` raises the collective's error); they run in call order on one
 worker thread per group, and a collective of at most ``inline_bytes`` (64 KiB)
-issued while that thread is idle runs at once on the caller's thread. Tensors
-must be contiguous CPU tensors of float32/64, float16, bfloat16, int8/32/64 or
-uint8; reduce ops SUM, AVG, PRODUCT, MIN, MAX. Not supported (RuntimeError):
-gather, scatter, all_to_all, send/recv. Errors: dpkit.TimeoutError (the
-group's timeout passed: a rank is missing), dpkit.MismatchError (ranks called
-different collectives or sizes), dpkit.CommunicatorError (the group failed
-earlier or was shut down), dpkit.InvalidArgument (bad tensor or op).
+issued while that thread is idle runs at once on the caller's thread. Sends
+and receives are posted at once on the caller's thread (tags 0 to 2**28 - 1).
+Tensors must be contiguous CPU tensors (reductions: float32/64, float16,
+bfloat16, int8/32/64, uint8, bool, complex with SUM/AVG; moving data: any
+dtype); reduce ops SUM, AVG, PRODUCT, MIN, MAX, and BAND/BOR/BXOR on integers.
+Errors: dpkit.TimeoutError ("Timed out": the group's timeout passed: a rank
+is missing), dpkit.MismatchError (ranks called different operations, sizes,
+roots or split sizes), dpkit.PeerError (another rank failed),
+dpkit.CommunicatorError (the group failed earlier or was shut down),
+dpkit.InvalidArgument (a bad tensor, op, rank, tag or size).
 
 The backend is compiled against one torch (recorded in dpkit._build_info);
 with another torch imported, :func:`available` is False and making a "dpkit"
@@ -153,9 +159,17 @@ def _abort_on_unhandled_exception(abort) -> None:
         previous(kind, value, tb)
         try:
             rank = mpi_env()[0]
-            sys.stderr.write(f"dpkit: rank {rank}: unhandled {kind.__name__}; MPI_Abort so that the other ranks do "
-                             f"not wait for this one (DPKIT_ABORT_ON_EXCEPTION=0 turns this off)\n")
-            sys.stderr.flush()
+            # torch 2.x's init_process_group wraps the hook in its own, which
+            # captures what this one writes (sys.stderr is then a StringIO)
+            # to print it with a "[rankR]: " prefix afterwards: after the
+            # abort, that is never; so what was captured goes out now
+            out = sys.__stderr__ or sys.stderr
+            captured = getattr(sys.stderr, "getvalue", None)
+            if sys.stderr is not out and captured is not None:
+                out.write("".join(f"[rank{rank}]: {line}\n" for line in captured().splitlines()))
+            out.write(f"dpkit: rank {rank}: unhandled {kind.__name__}; MPI_Abort so that the other ranks do "
+                      f"not wait for this one (DPKIT_ABORT_ON_EXCEPTION=0 turns this off)\n")
+            out.flush()
             sys.stdout.flush()
         except Exception:  # noqa: BLE001 - stderr may be closed; abort anyway
             pass

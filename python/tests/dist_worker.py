@@ -193,6 +193,266 @@ def case_short():
     return {"checked": checked, "transport": dpkit_group_transport()}
 
 
+def monitored_barrier(group, timeout, wait_all_ranks=False):
+    """dist.monitored_barrier; torch 1.13's refuses every backend but gloo
+    in Python ("only implemented for GLOO backend"), so there the group's
+    own method is called (the backend's monitoredBarrier, as 2.x calls it)."""
+    if torch.__version__ >= "2":
+        return dist.monitored_barrier(group, timeout, wait_all_ranks=wait_all_ranks)
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+
+def case_ops():
+    """Every operation the backend adds beside the all-reduce family, on the
+    default ("dpkit") group, each against the exact local reference and
+    against a gloo group on the same inputs: gather, scatter, all_to_all
+    (even, uneven splits, lists), send/recv/isend/irecv with tags, recv from
+    any source, batch_isend_irecv, the object collectives, all_gather in
+    its coalesced and flat forms, reduce_scatter_tensor, bitwise ops on
+    integers, bool and complex all-reduces, a sparse all-reduce, the
+    monitored barrier and the sequence number; and a subgroup."""
+    r, w = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    checked = 0
+
+    def same(a, b, what):
+        assert torch.equal(a, b), (what, a, b)
+
+    # gather / scatter, every root, 0 and some elements, two dtypes
+    for n in (0, 3, 10_000):
+        for dtype in (torch.float32, torch.int64):
+            for root in range(w):
+                x = inputs(r, n, dtype)
+                outs = [torch.empty(n, dtype=dtype) for _ in range(w)] if r == root else None
+                dist.gather(x, outs, dst=root)
+                if r == root:
+                    for p in range(w):
+                        same(outs[p], inputs(p, n, dtype), ("gather", n, dtype, root))
+                if n:  # torch 1.13's gloo dies on empty tensors
+                    gouts = [torch.empty(n, dtype=dtype) for _ in range(w)] if r == root else None
+                    dist.gather(x, gouts, dst=root, group=gloo)
+                    if r == root:
+                        for p in range(w):
+                            same(outs[p], gouts[p], "gather vs gloo")
+                y = torch.empty(n, dtype=dtype)
+                dist.scatter(y, [inputs(p, n, dtype) * 3 for p in range(w)] if r == root else None, src=root)
+                same(y, inputs(r, n, dtype) * 3, ("scatter", n, dtype, root))
+                checked += 2
+    # all_to_all_single: even and uneven splits (rank r sends (r + p) % 3 + 1 rows of 4 to rank p)
+    x = torch.arange(w * 6, dtype=torch.float32) + 100 * r
+    y = torch.empty(w * 6)
+    dist.all_to_all_single(y, x)
+    yg = torch.empty(w * 6)
+    dist.all_to_all_single(yg, x, group=gloo)
+    same(y, yg, "all_to_all_single even vs gloo")
+    for p in range(w):
+        same(y[p * 6:(p + 1) * 6], torch.arange(r * 6, r * 6 + 6, dtype=torch.float32) + 100 * p, "all_to_all_single even")
+    send = [(r + p) % 3 + 1 for p in range(w)]
+    recv = [(p + r) % 3 + 1 for p in range(w)]
+    x = torch.cat([torch.full((send[p], 4), float(r * 10 + p)) for p in range(w)])
+    y = torch.empty(sum(recv), 4)
+    dist.all_to_all_single(y, x, output_split_sizes=recv, input_split_sizes=send)
+    yg = torch.empty(sum(recv), 4)
+    dist.all_to_all_single(yg, x, output_split_sizes=recv, input_split_sizes=send, group=gloo)
+    same(y, yg, "all_to_all_single uneven vs gloo")
+    same(y, torch.cat([torch.full((recv[p], 4), float(p * 10 + r)) for p in range(w)]), "all_to_all_single uneven")
+    # all_to_all of lists, any sizes
+    ins = [torch.full((p + 1 + r,), float(r * 100 + p), dtype=torch.float64) for p in range(w)]
+    outs = [torch.empty(r + 1 + p, dtype=torch.float64) for p in range(w)]
+    dist.all_to_all(outs, ins)
+    for p in range(w):
+        same(outs[p], torch.full((r + 1 + p,), float(p * 100 + r), dtype=torch.float64), "all_to_all lists")
+    checked += 3
+    # send / recv / isend / irecv with tags; recv from any source; batch_isend_irecv
+    right, left = (r + 1) % w, (r - 1) % w
+    if w > 1:
+        a = torch.full((5,), float(r))
+        b = torch.empty(5)
+        works = [dist.isend(a, right, tag=7), dist.irecv(b, left, tag=7)]
+        for wk in works:
+            wk.wait()
+        same(b, torch.full((5,), float(left)), "isend/irecv")
+        # two tags between one pair, received in the other order
+        if r == 0:
+            dist.send(torch.full((3,), 1.0), 1, tag=1)
+            dist.send(torch.full((3,), 2.0), 1, tag=2)
+        elif r == 1:
+            t2, t1 = torch.empty(3), torch.empty(3)
+            w2 = dist.irecv(t2, 0, tag=2)
+            dist.recv(t1, 0, tag=1)
+            w2.wait()
+            same(t1, torch.full((3,), 1.0), "tag 1")
+            same(t2, torch.full((3,), 2.0), "tag 2")
+        # every other rank sends to rank 0, which receives from any source
+        if r == 0:
+            got = set()
+            for _ in range(w - 1):
+                t = torch.empty(2, dtype=torch.int64)
+                src = dist.recv(t, tag=11)
+                assert t.tolist() == [src, src * src], (src, t)
+                got.add(src)
+            assert got == set(range(1, w)), got
+        else:
+            dist.send(torch.tensor([r, r * r]), 0, tag=11)
+        ops = [dist.P2POp(dist.irecv, torch.empty(4), left, tag=3), dist.P2POp(dist.isend, torch.full((4,), float(r)), right, tag=3)]
+        reqs = dist.batch_isend_irecv(ops)
+        for q in reqs:
+            q.wait()
+        same(ops[0].tensor, torch.full((4,), float(left)), "batch_isend_irecv")
+        checked += 4
+    # object collectives (torch builds them from gather, scatter, broadcast, all_gather)
+    objs = [None] * w
+    dist.all_gather_object(objs, {"rank": r, "sq": [r] * r})
+    assert objs == [{"rank": p, "sq": [p] * p} for p in range(w)], objs
+    gathered = [None] * w if r == 0 else None
+    dist.gather_object(("r", r), gathered, dst=0)
+    if r == 0:
+        assert gathered == [("r", p) for p in range(w)], gathered
+    got = [None]
+    dist.scatter_object_list(got, [{"for": p} for p in range(w)] if r == w - 1 else None, src=w - 1)
+    assert got == [{"for": r}], got
+    lst = [r, "x"] if r == 0 else [None, None]
+    dist.broadcast_object_list(lst, src=0)
+    assert lst == [0, "x"], lst
+    checked += 4
+    # all_gather, coalesced and flat
+    ins = [inputs(r, 3, torch.float32), inputs(r + 10, 7, torch.float32)]
+    outs = [[torch.empty(3), torch.empty(7)] for _ in range(w)]
+    dist.all_gather_coalesced(outs, ins)
+    for p in range(w):
+        same(outs[p][0], inputs(p, 3, torch.float32), "all_gather_coalesced 0")
+        same(outs[p][1], inputs(p + 10, 7, torch.float32), "all_gather_coalesced 1")
+    if hasattr(dist, "all_gather_into_tensor"):
+        flat = torch.empty(w * 9, dtype=torch.int32)
+        dist.all_gather_into_tensor(flat, inputs(r, 9, torch.int32))
+        same(flat, torch.cat([inputs(p, 9, torch.int32) for p in range(w)]), "all_gather_into_tensor")
+        full = [inputs(p, w * 5, torch.float64) for p in range(w)]
+        out = torch.empty(5, dtype=torch.float64)
+        dist.reduce_scatter_tensor(out, full[r].clone())
+        same(out, reference("sum", full)[r * 5:(r + 1) * 5], "reduce_scatter_tensor")
+        checked += 2
+    # bitwise ops on integers, against gloo
+    for op in (dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR):
+        x = inputs(r, 50, torch.int64, 0, 1 << 20)
+        t, u = x.clone(), x.clone()
+        dist.all_reduce(t, op)
+        dist.all_reduce(u, op, group=gloo)
+        same(t, u, ("bitwise", op))
+        checked += 1
+    # bool (Gloo's rule: the byte sum) and complex sums, against the exact
+    # local sums, and against gloo where it takes them (torch 1.13's gloo
+    # refuses bool: "Invalid scalar type")
+    bx = [inputs(p, 40, torch.int64, 0, 2).bool() for p in range(w)]
+    t = bx[r].clone()
+    dist.all_reduce(t)
+    same(t.view(torch.uint8), sum(b.to(torch.uint8) for b in bx), "bool sum")
+    if torch.__version__ >= "2":
+        u = bx[r].clone()
+        dist.all_reduce(u, group=gloo)
+        same(t.view(torch.uint8), u.view(torch.uint8), "bool sum vs gloo")
+    cx = [torch.complex(inputs(p, 10, torch.float32), inputs(p + 7, 10, torch.float32)) for p in range(w)]
+    t, u = cx[r].clone(), cx[r].clone()
+    dist.all_reduce(t)
+    dist.all_reduce(u, group=gloo)
+    same(t, u, "complex sum vs gloo")
+    same(t, sum(cx), "complex sum")
+    checked += 2
+    # a sparse all-reduce, against gloo: rank r's nonzeros at rows r, r + 1 (overlapping)
+    i = torch.tensor([[r % 6, (r + 1) % 6]])
+    v = torch.tensor([[1.0 + r, 2.0], [3.0, 4.0 * r]])
+    sp = torch.sparse_coo_tensor(i, v, (6, 2))
+    t, u = sp.clone(), sp.clone()
+    dist.all_reduce(t)
+    dist.all_reduce(u, group=gloo)
+    same(t.to_dense(), u.to_dense(), "sparse sum")
+    checked += 1
+    # the monitored barrier and the sequence number
+    monitored_barrier(None, datetime.timedelta(seconds=30))
+    monitored_barrier(None, datetime.timedelta(seconds=30), wait_all_ranks=True)
+    # a group's sequence number counts its operations (Gloo's rule: sends and
+    # receives too), so ranks that ran the same ones agree
+    fresh = dist.new_group(backend="dpkit")
+    pg = fresh._get_backend(torch.device("cpu")) if hasattr(fresh, "_get_backend") else fresh
+    before = pg._get_sequence_number_for_group()
+    for _ in range(3):
+        dist.all_reduce(torch.ones(2), group=fresh)
+    seq = pg._get_sequence_number_for_group()
+    seqs = [None] * w
+    dist.all_gather_object(seqs, seq)
+    assert len(set(seqs)) == 1 and seq == before + 3, (seqs, before)
+    checked += 2
+    if w >= 3:  # the operations in a subgroup of ranks 1 and 2
+        sub = dist.new_group([1, 2], backend="dpkit")
+        if r in (1, 2):
+            outs = [torch.empty(2) for _ in range(2)] if r == 1 else None
+            dist.gather(torch.full((2,), float(r)), outs, dst=1, group=sub)
+            if r == 1:
+                same(outs[1], torch.full((2,), 2.0), "subgroup gather")
+            y = torch.empty(2)
+            dist.all_to_all_single(y, torch.full((2,), float(r)), group=sub)
+            same(y, torch.tensor([1.0, 2.0]), "subgroup all_to_all")
+            if r == 1:
+                dist.send(torch.ones(3), 2, group=sub, tag=4)
+            else:
+                t = torch.empty(3)
+                dist.recv(t, 1, group=sub, tag=4)
+                same(t, torch.ones(3), "subgroup send/recv")
+            checked += 3
+        dist.barrier()
+    return {"checked": checked}
+
+
+def case_ops_errors():
+    """The unhappy path of the added operations (2 ranks, a 2 s group
+    timeout): ranks calling different ones (rank 0 gather, rank 1 scatter),
+    all_to_all split sizes that disagree, a send nobody receives, a
+    monitored barrier a rank never reaches; bad tags, ranks and sizes. Each
+    in a group of its own (a failed group stays failed)."""
+    r = dist.get_rank()
+    out = {}
+
+    def err(f):
+        try:
+            f()
+            return "no error"
+        except Exception as e:  # noqa: BLE001 - the test checks the type and the text
+            return type(e).__name__ + ": " + str(e)
+
+    def fresh():
+        return dist.new_group(backend="dpkit", timeout=datetime.timedelta(seconds=2))
+
+    g = fresh()
+    out["kinds"] = err(lambda: dist.gather(torch.ones(4), [torch.empty(4), torch.empty(4)], dst=0, group=g) if r == 0
+                       else dist.scatter(torch.empty(4), [torch.ones(4), torch.ones(4)], src=1, group=g))
+    g = fresh()
+    send = [2, 2] if r == 1 else [2, 3]  # rank 0 sends 3 rows to rank 1, which expects 2
+    recv = [2, 2]
+    out["splits"] = err(lambda: dist.all_to_all_single(torch.empty(sum(recv), 2), torch.ones(sum(send), 2),
+                                                       output_split_sizes=recv, input_split_sizes=send, group=g))
+    g = fresh()
+    t0 = time.monotonic()
+    if r == 0:  # 4 MiB: not eager, so the send waits for a receive that never comes
+        out["unreceived"] = err(lambda: dist.send(torch.ones(1 << 20), 1, group=g))
+    else:
+        out["unreceived"] = err(lambda: dist.recv(torch.empty(1 << 20), 0, group=g, tag=5))  # another tag
+    out["unreceived_s"] = time.monotonic() - t0
+    g = fresh()
+    if r == 0:
+        out["monitored"] = err(lambda: monitored_barrier(g, datetime.timedelta(seconds=1)))
+    else:
+        time.sleep(2)
+        out["monitored"] = "skipped"
+    dist.barrier()
+    g = fresh()
+    out["tag"] = err(lambda: g.send([torch.ones(2)], 1 - r, -3) if hasattr(g, "send") else
+                     dist.send(torch.ones(2), 1 - r, group=g, tag=-3))
+    out["rank"] = err(lambda: dist.distributed_c10d._get_default_group().recv([torch.ones(2)], 5, 0))
+    out["sizes"] = err(lambda: dist.all_to_all_single(torch.empty(5), torch.ones(5), group=g))
+    dist.barrier()
+    return out
+
+
 def case_init_error():
     """init_process_group itself fails (ranks disagree on the world size, or
     the other ranks never come): the error's type, message and time."""
@@ -260,7 +520,7 @@ def case_errors():
     except ValueError as e:
         out["noncontiguous"] = type(e).__name__ + ": " + str(e)
     try:
-        dist.all_reduce(torch.ones(4, dtype=torch.int32), dist.ReduceOp.BAND)
+        dist.all_reduce(torch.ones(4), dist.ReduceOp.BAND)  # bitwise ops take integer tensors (as gloo)
         out["band"] = "no error"
     except ValueError as e:
         out["band"] = type(e).__name__ + ": " + str(e)
@@ -380,7 +640,8 @@ def main():
         # runs after dpkit's own atexit hook (registered later, run earlier)
         atexit.register(lambda: (outdir / f"exit{os.environ.get('OMPI_COMM_WORLD_RANK', '?')}").write_text(
             repr(time.monotonic())))
-    timeout = datetime.timedelta(seconds=2 if case in ("timeout", "errors") else 5 if case == "rank_death" else 120)
+    timeout = datetime.timedelta(seconds=2 if case in ("timeout", "errors") else 5 if case == "rank_death" else
+                                 10 if case == "ops_errors" else 120)
     if case == "init_error":
         result = case_init_error()
         rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))

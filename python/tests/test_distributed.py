@@ -50,11 +50,53 @@ def test_ddp_equals_gloo(mpi_env, tmp_path):
 def test_errors(mpi_env, tmp_path):
     for r in run("errors", 2, mpi_env, tmp_path):
         assert r["noncontiguous"].startswith("InvalidArgument") and "not contiguous" in r["noncontiguous"]
-        assert r["band"].startswith("InvalidArgument") and "reduce op" in r["band"]
+        assert r["band"].startswith("InvalidArgument") and "non-integral" in r["band"]
         # sizes 4 and 8: both ranks raise, naming both calls; never a result
         assert r["mismatch"].startswith("MismatchError"), r["mismatch"]
         assert "4, sum" in r["mismatch"] and "8, sum" in r["mismatch"]
         assert r["after"].startswith("CommunicatorError") and "failed earlier" in r["after"]
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_ops(np, mpi_env, tmp_path):
+    """Every operation beside the all-reduce family (gather, scatter,
+    all-to-all, sends and receives, object collectives, coalesced forms,
+    bitwise, bool, complex, sparse, monitored barrier, sequence numbers,
+    a subgroup) against the exact reference and gloo."""
+    assert all(r["checked"] > 40 for r in run("ops", np, mpi_env, tmp_path))
+
+
+def check_ops_errors(res):
+    """What test_ops_errors (mpirun) and test_torch_launch (env://) assert of
+    dist_worker.py's ops_errors case."""
+    r0, r1 = res
+    # rank 0 gathers, rank 1 scatters: both raise, and the mismatch names both calls
+    for r in res:
+        assert r["kinds"].split(":")[0] in ("MismatchError", "PeerError"), r["kinds"]
+    both = r0["kinds"] + r1["kinds"]
+    assert "gather(" in both and "scatter(" in both and "MismatchError" in both, both
+    # split sizes that disagree: both ranks raise before any data moves, naming both counts
+    for r in res:
+        assert r["splits"].startswith("MismatchError") and "rank 0 sends 6 elements to rank 1, which expects 4" \
+            in r["splits"], r["splits"]
+    # a send nobody receives (rank 1 receives with another tag): the rank whose
+    # deadline passes first times out ("Timed out"), the other stops on its
+    # notice; each names its own operation (torch's tags, not the transport's)
+    assert "receive from rank 0 (tag 5" in r1["unreceived"] and "send to rank 1 (tag 0" in r0["unreceived"], res
+    for r in res:
+        assert r["unreceived"].startswith(("TimeoutError: dpkit: Timed out", "PeerError")), r["unreceived"]
+    assert any(r["unreceived"].startswith("TimeoutError: dpkit: Timed out") for r in res), res
+    for r in res:
+        assert r["unreceived_s"] < 3.5, r["unreceived_s"]
+    assert "Rank 1 failed to pass monitoredBarrier" in r0["monitored"], r0["monitored"]
+    for r in res:
+        assert "tag -3" in r["tag"] and r["tag"].startswith(("InvalidArgument", "ValueError", "RuntimeError")), r["tag"]
+        assert "rank 5" in r["rank"], r["rank"]
+        assert "do not split evenly" in r["sizes"] or "split" in r["sizes"], r["sizes"]
+
+
+def test_ops_errors(mpi_env, tmp_path):
+    check_ops_errors(run("ops_errors", 2, mpi_env, tmp_path))
 
 
 def test_destroy_while_busy(mpi_env, tmp_path):

@@ -74,6 +74,22 @@ def test_env_collectives(world, tmp_path):
         assert r["transport"] == "gloo" and r["checked"] > 40, r
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_env_ops(world, tmp_path):
+    """env://: every operation beside the all-reduce family against the exact
+    reference and gloo (dist_worker.py's ops case), over the Gloo transport
+    (the node's shared memory for the messages)."""
+    assert all(r["checked"] > 40 for r in spawn("ops", tmp_path, world).values())
+
+
+def test_env_ops_errors(tmp_path):
+    """env://: the unhappy path of the added operations (test_distributed's
+    check_ops_errors)."""
+    from test_distributed import check_ops_errors
+    res = spawn("ops_errors", tmp_path, 2, timeout=90)
+    check_ops_errors([res[0], res[1]])
+
+
 def test_destroy_while_busy(tmp_path):
     """env://: destroy_process_group of a group whose worker still runs
     all-reduces of tensors Python dropped returns (before the fix it waited
