@@ -15,4 +15,13 @@ fi
 "$venv/bin/pip" install --quiet --no-build-isolation --no-deps --no-index \
   --config-settings=builddir="$PWD/build-python/build" .
 cd build-python   # not the source tree, so `import dpkit` is the installed package
-exec "$PWD/venv/bin/python" -m pytest -q -p no:cacheprovider ../python/tests "$@"
+start=$SECONDS
+"$PWD/venv/bin/python" -m pytest -q -p no:cacheprovider ../python/tests "$@"
+echo "== [python_test.sh] pytest: $((SECONDS - start)) s"
+# torch's own distributed test suite, "dpkit" beside "gloo" at world sizes 2
+# and 3 (its CI subset: each backend operation once, with the all-to-all
+# tests torch reserves for MPI): fails when dpkit fails a test gloo passes
+# (docs/python.md, "torch's own tests")
+start=$SECONDS
+"$PWD/venv/bin/python" ../scripts/torch_dist_suite.py --subset ci --mpi-reserved --start-method forkserver
+echo "== [python_test.sh] torch's distributed suite (CI subset): $((SECONDS - start)) s"
