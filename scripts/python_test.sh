@@ -16,7 +16,7 @@ fi
   --config-settings=builddir="$PWD/build-python/build" .
 cd build-python   # not the source tree, so `import dpkit` is the installed package
 start=$SECONDS
-"$PWD/venv/bin/python" -m pytest -q -p no:cacheprovider ../python/tests "$@"
+"$PWD/venv/bin/python" -m pytest -q -p no:cacheprovider --durations=8 ../python/tests "$@"
 echo "== [python_test.sh] pytest: $((SECONDS - start)) s"
 # torch's own distributed test suite, "dpkit" beside "gloo" at world sizes 2
 # and 3 (its CI subset: each backend operation once, with the all-to-all

@@ -21,8 +21,24 @@
 #include <type_traits>
 #include <vector>
 
+// The element types the typed collective tests run. Every type in the release
+// build (GCC, the README's test command). The sanitizer builds compile the
+// same tests again and pay for each type in compile time, so scripts/test.sh
+// narrows them; the reduction kernels themselves run every type under
+// ASan/UBSan in tests/core/test_reduce.cpp, which keeps its own list:
+// - DPKIT_TEST_TYPES_BY_SIZE (ASan/UBSan): one type of each element size,
+//   1, 2, 4 and 8 bytes (a memory error depends on the element's size, which
+//   every type of that size shares with the algorithms' code);
+// - DPKIT_TEST_TYPES_THREADS (TSan): float and int8: which thread touches
+//   what, and when, does not depend on the element type.
+#if defined(DPKIT_TEST_TYPES_THREADS)
+#define DPKIT_ELEMENT_TYPES float, std::int8_t
+#elif defined(DPKIT_TEST_TYPES_BY_SIZE)
+#define DPKIT_ELEMENT_TYPES float, double, dpkit::bf16, std::int8_t
+#else
 #define DPKIT_ELEMENT_TYPES float, double, dpkit::f16, dpkit::bf16, std::int8_t, std::uint8_t, std::int32_t, \
                             std::uint32_t, std::int64_t, std::uint64_t
+#endif
 
 namespace dpt {
 
