@@ -600,7 +600,10 @@ private:
   std::vector<std::string> names_;
   std::unique_ptr<gradient_reducer<C>> reducer_;
   std::unique_ptr<periodic_model_averager<C>> averager_; // inter_node_every > 1
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  // what torch::autograd::impl::grad_accumulator returns: std::shared_ptr<Node>
+  // in torch 1.13, c10::intrusive_ptr<Node> in torch 2.15
+  using accumulator_ptr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+  std::vector<accumulator_ptr> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
   std::vector<std::uint8_t> ready_;
   std::size_t ready_count_ = 0;
