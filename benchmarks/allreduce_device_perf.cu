@@ -38,6 +38,8 @@
 #include <dpkit/transport/inproc.hpp>
 #include <dpkit/transport/nccl.hpp>
 
+#include "device_bench_kernels.cuh"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -49,21 +51,8 @@ namespace {
 
 using clk = std::chrono::steady_clock;
 
-// Sets p[0, n) to v (grid-stride).
-__global__ void fill_kernel(float* p, std::size_t n, float v) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    p[i] = v;
-}
-
-// Adds to *wrong the number of elements of p[0, n) that differ from want.
-__global__ void count_wrong_kernel(const float* p, std::size_t n, float want, unsigned long long* wrong) {
-  unsigned long long local = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    local += p[i] != want;
-  if (local) atomicAdd(wrong, local);
-}
+using dpkit_device_bench::count_wrong_kernel;
+using dpkit_device_bench::fill_kernel;
 
 unsigned grid_for(std::size_t n) {
   return static_cast<unsigned>(std::min<std::size_t>(std::max<std::size_t>((n + 255) / 256, 1), 4096));

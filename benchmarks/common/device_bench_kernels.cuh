@@ -1,0 +1,28 @@
+// Small CUDA kernels shared by the device benchmarks (allreduce_device_perf.cu,
+// fusion_device_perf.cu): fill a buffer and count the elements that differ
+// from an expected value, on the device, so a result is checked without
+// copying gigabytes back. Include from one .cu file per program.
+#pragma once
+
+#include <cstddef>
+
+namespace dpkit_device_bench {
+
+/// Sets p[0, n) to v (grid-stride loop; any launch shape).
+__global__ void fill_kernel(float* p, std::size_t n, float v) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    p[i] = v;
+}
+
+/// Adds to *wrong the number of elements of p[0, n) that differ from want
+/// (*wrong is device memory, zeroed by the caller).
+__global__ void count_wrong_kernel(const float* p, std::size_t n, float want, unsigned long long* wrong) {
+  unsigned long long local = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    local += p[i] != want;
+  if (local) atomicAdd(wrong, local);
+}
+
+} // namespace dpkit_device_bench
