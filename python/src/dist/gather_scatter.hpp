@@ -37,7 +37,8 @@ inline c10::intrusive_ptr<c10d::Work> process_group_dpkit::gather(std::vector<st
   return submit(c10d::OpType::GATHER, outs, nbytes(in) * static_cast<std::size_t>(getSize()), timeout_of(opts.timeout),
                 [this, in, outs, root](auto& c, const dpkit::collective_options& o) {
                   const bool at_root = getRank() == root;
-                  at::Tensor flat = at::empty({at_root ? getSize() * in.numel() : 0}, in.options());
+                  const at::Tensor flat = at_root ? rooted_stage(getSize() * in.numel(), in.options())
+                                                  : at::empty({0}, in.options());
                   visit_move(in, [&](auto v) {
                     using T = std::remove_pointer_t<decltype(v.ptr)>;
                     dpkit::gather(c, v, dpkit::tensor_view<T>{reinterpret_cast<T*>(flat.data_ptr()), nbytes(flat) / sizeof(T)},
@@ -72,7 +73,15 @@ inline c10::intrusive_ptr<c10d::Work> process_group_dpkit::scatter(std::vector<a
   }
   return submit(c10d::OpType::SCATTER, {out}, nbytes(out) * static_cast<std::size_t>(getSize()), timeout_of(opts.timeout),
                 [this, ins, out, root](auto& c, const dpkit::collective_options& o) {
-                  const at::Tensor flat = getRank() == root ? flat_cat(ins).contiguous() : at::empty({0}, out.options());
+                  at::Tensor flat = at::empty({0}, out.options());
+                  if (getRank() == root) {
+                    flat = rooted_stage(getSize() * out.numel(), out.options());
+                    std::int64_t off = 0;
+                    for (const auto& i : ins) {
+                      flat.narrow(0, off, i.numel()).view(i.sizes()).copy_(i);
+                      off += i.numel();
+                    }
+                  }
                   visit_move(out, [&](auto v) {
                     using T = std::remove_pointer_t<decltype(v.ptr)>;
                     dpkit::scatter(c, dpkit::tensor_view<T>{reinterpret_cast<T*>(flat.data_ptr()), nbytes(flat) / sizeof(T)}, v,
