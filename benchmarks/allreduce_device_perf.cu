@@ -332,15 +332,5 @@ int run(const config& c) {
 
 int main(int argc, char** argv) {
   const config c = parse(argc, argv);
-  if (dpkit::cuda_device_count() == 0) {
-    std::printf("# no CUDA device: nothing to measure\n");
-    return 77;
-  }
-  try {
-    return run(c);
-  } catch (const std::exception& ex) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "allreduce_device_perf: %s\n", ex.what());
-    return 1;
-  }
+  return dpkit_device_bench::device_main("allreduce_device_perf", [&] { return run(c); });
 }
