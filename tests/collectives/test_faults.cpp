@@ -19,6 +19,10 @@
 #include <thread>
 #include <vector>
 
+#ifdef __linux__
+#include <sched.h>
+#endif
+
 using namespace std::chrono_literals;
 
 namespace {
@@ -247,6 +251,106 @@ TEST_CASE("inproc: a rank that calls in after a peer's failure gets peer_error n
   CHECK(contains(first, "rank 2"));
   CHECK(contains(second, "communicator: "));
   CHECK(contains(second, "failed earlier"));
+}
+
+// Pins the calling thread (and the threads it starts) to the first core it
+// may run on; restores the former affinity on destruction. Linux only (no-op
+// elsewhere).
+struct one_core_affinity {
+#ifdef __linux__
+  cpu_set_t saved{};
+  bool ok = false;
+  one_core_affinity() {
+    if (sched_getaffinity(0, sizeof saved, &saved) != 0) return;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &saved)) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(c, &one);
+        ok = sched_setaffinity(0, sizeof one, &one) == 0;
+        break;
+      }
+  }
+  ~one_core_affinity() {
+    if (ok) sched_setaffinity(0, sizeof saved, &saved);
+  }
+#endif
+};
+
+TEST_CASE("inproc: once the world reads as failed, every rank's transport health is failed too") {
+  // What the next test's race comes down to, observed directly: rank 2 spins
+  // on world.failed() while rank 0 fails the world; the moment it reads
+  // true, rank 2's own health must say failed (it is the last rank fail()
+  // reaches). Before the fix the world's flag came first and rank 2 read its
+  // health still good in most of these runs.
+  int stale = 0;
+  for (int it = 0; it < 200; ++it) {
+    dpkit::inproc_world world(3, nullptr, 0);
+    std::atomic<bool> spinning{false};
+    bool health_failed = true;
+    world.run([&](dpkit::inproc& c) {
+      if (c.rank() == 2) {
+        spinning.store(true);
+        while (!world.failed()) {
+        }
+        health_failed = c.health().failed();
+      } else if (c.rank() == 0) {
+        while (!spinning.load()) std::this_thread::yield();
+        world.fail(0, "rank 0 fails the world");
+      }
+    });
+    if (!health_failed) ++stale;
+  }
+  CHECK(stale == 0);
+}
+
+TEST_CASE("inproc: a rank whose wait ended on a peer's failure gets communicator_error on its very next call") {
+  // The race CI lost once (ASan, test_shm.cpp): the world read as failed
+  // before every rank's health did, so a rank that left its wait on the
+  // failure and called again at once began a new collective (and later
+  // failed as a peer_error of that call) instead of being refused. Many
+  // short runs, the next call issued immediately, for the spinning shm wait
+  // and the request waits of ring and tree. The ranks' threads share one
+  // core (they inherit this thread's affinity), so the failing rank is
+  // often preempted inside fail(): the window the race needs.
+  const one_core_affinity pin;
+  for (auto algo : {dpkit::algorithm::shm, dpkit::algorithm::ring, dpkit::algorithm::tree}) {
+    const std::string algo_name(dpkit::algorithm_name(algo));
+    CAPTURE(algo_name);
+    int wrong = 0;
+    std::string example;
+    for (int it = 0; it < 60; ++it) {
+      dpkit::inproc_world world(3, nullptr, 4096);
+      std::vector<std::string> next(3);
+      try {
+        world.run([&](dpkit::inproc& c) {
+          if (c.rank() == 2) throw std::runtime_error("rank 2 fails at once");
+          std::vector<float> v(64, 1.0f);
+          try {
+            dpkit::allreduce(c, v, dpkit::reduce_op::sum, dpkit::allreduce_policy{algo});
+          } catch (const dpkit::peer_error&) {
+            try {
+              dpkit::allreduce(c, v, dpkit::reduce_op::sum, dpkit::allreduce_policy{algo});
+              next[static_cast<std::size_t>(c.rank())] = "no error";
+            } catch (const dpkit::communicator_error&) {
+              next[static_cast<std::size_t>(c.rank())] = "communicator";
+            } catch (const std::exception& e) {
+              next[static_cast<std::size_t>(c.rank())] = e.what();
+            }
+            throw;
+          }
+        });
+      } catch (const std::exception&) {
+      }
+      for (int r : {0, 1})
+        if (const auto& got = next[static_cast<std::size_t>(r)]; got != "communicator") {
+          ++wrong;
+          example = "rank " + std::to_string(r) + ": " + got;
+        }
+    }
+    CAPTURE(example);
+    CHECK(wrong == 0);
+  }
 }
 
 TEST_CASE("deadline: DPKIT_TIMEOUT is parsed as seconds, a malformed value is an error; the default is 30 minutes") {

@@ -372,13 +372,17 @@ public:
   void fail(int rank, const std::string& what, bool mismatch = false) {
     {
       std::lock_guard lk(fail_mu_);
-      if (failed_.load(std::memory_order_relaxed)) return;
+      if (failing_) return;
+      failing_ = true;
       failure_ = what;
       failed_rank_ = rank;
       mismatch_ = mismatch;
-      failed_.store(true, std::memory_order_release);
     }
+    // Every rank's health fails before the world reads as failed: a rank
+    // whose wait ends on failed() and that calls again at once must find its
+    // transport failed (communicator_error), not start a new collective.
     for (int r = 0; r < size_; ++r) ranks_[static_cast<std::size_t>(r)].health.fail(what);
+    failed_.store(true, std::memory_order_release);
     if (shm_block_) ranks_[0].shm->abort_all();
     wake_all();
     // A world and the worlds split from it (and its nodes' worlds) fail
@@ -643,6 +647,7 @@ private:
   std::map<std::uint64_t, split_round> rounds_;
   std::vector<std::unique_ptr<inproc_world>> hier_;  // nodes' and cross-node worlds (layout with several nodes)
   std::atomic<bool> failed_{false};
+  bool failing_ = false; // guarded by fail_mu_: fail() ran (first call wins)
   mutable std::mutex fail_mu_;
   std::string failure_;
   int failed_rank_ = -1;
