@@ -25,6 +25,35 @@
 #include <unistd.h>
 #include <vector>
 
+namespace {
+
+// MPI_Init_thread (MPI_THREAD_MULTIPLE, as dpkit::mpi wants); returns this
+// process's rank in MPI_COMM_WORLD.
+int init_mpi(int& argc, char**& argv) {
+  int provided = 0, rank = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+// Every rank's verdict (`ok`: 1 or 0) combined with MPI_MIN, then
+// MPI_Finalize. With `progress_first`, MPI runs on for 200 ms and a barrier
+// before finalizing: its progress would touch whatever an abandoned transfer
+// still held. Returns the exit code: 0 when every rank was ok.
+int agree_and_finalize(int ok, int rank, bool progress_first) {
+  int all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (progress_first) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  MPI_Finalize();
+  std::printf("rank %d: finalized, %s\n", rank, all ? "ok" : "FAILED");
+  return all ? 0 : 1;
+}
+
+} // namespace
+
 // ---- after_finalize --------------------------------------------------------
 // A collective on a transport that outlived its process's MPI_Finalize must
 // throw communicator_error, not crash (before the fix: a segfault in the
@@ -33,8 +62,7 @@
 namespace after_finalize {
 
 int run(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  init_mpi(argc, argv);
   std::optional<dpkit::mpi> comm;
   comm.emplace(MPI_COMM_WORLD);
   const int rank = comm->rank();
@@ -67,8 +95,7 @@ int run(int argc, char** argv) {
 namespace mismatch_exit {
 
 int run(int argc, char** argv) {
-  int provided;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  init_mpi(argc, argv);
   {
     dpkit::mpi comm(MPI_COMM_WORLD);
     std::vector<float> v(1000, 1.0f);
@@ -92,10 +119,7 @@ int run(int argc, char** argv) {
 namespace unwind_notice {
 
 int run(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int rank = init_mpi(argc, argv);
   int ok = 0;
   try {
     dpkit::mpi comm(MPI_COMM_WORLD);
@@ -120,11 +144,7 @@ int run(int argc, char** argv) {
     ok = rank == 0;
     std::printf("rank %d: caught '%s' after the transport was destroyed\n", rank, e.what());
   }
-  int all = 0;
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Finalize();
-  std::printf("rank %d: %s\n", rank, all ? "ok" : "FAILED");
-  return all ? 0 : 1;
+  return agree_and_finalize(ok, rank, false);
 }
 
 } // namespace unwind_notice
@@ -141,10 +161,7 @@ int run(int argc, char** argv) {
 namespace free_after_timeout {
 
 int run(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int rank = init_mpi(argc, argv);
   int ok = 0;
   {
     auto comm = std::make_unique<dpkit::mpi>(MPI_COMM_WORLD);
@@ -179,13 +196,7 @@ int run(int argc, char** argv) {
     }
   }
   // MPI goes on (its progress would run the abandoned send's schedule)
-  int all = 0;
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  MPI_Barrier(MPI_COMM_WORLD);
-  MPI_Finalize();
-  std::printf("rank %d: finalized, %s\n", rank, all ? "ok" : "FAILED");
-  return all ? 0 : 1;
+  return agree_and_finalize(ok, rank, true);
 }
 
 } // namespace free_after_timeout
@@ -236,10 +247,8 @@ int run(int argc, char** argv) {
   }
   const dpkit::algorithm algo = dpkit::parse_algorithm(argv[1]);
   const std::size_t mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 64;
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank = 0, size = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int rank = init_mpi(argc, argv);
+  int size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size != 2) {
     std::fprintf(stderr, "free_after_stall: needs 2 ranks\n");
@@ -286,13 +295,7 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
   }
   // MPI goes on: its progress would run whatever still held the buffer
-  int all = 0;
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  MPI_Barrier(MPI_COMM_WORLD);
-  MPI_Finalize();
-  std::printf("rank %d: finalized, %s\n", rank, all ? "ok" : "FAILED");
-  return all ? 0 : 1;
+  return agree_and_finalize(ok, rank, true);
 }
 
 } // namespace free_after_stall
