@@ -26,13 +26,19 @@ std::size_t split(int from, int to, std::size_t scale) {
 
 TEST_CASE_TEMPLATE("gather and scatter: rank order on root, every root", T, float, dpkit::bf16, std::uint8_t,
                    std::int64_t) {
+  // shm buffers of 256 KiB (blocks up to 16 KiB through the segment, 5000
+  // elements linear), none (linear at every count), 64 bytes (the segment's
+  // path in many chunks)
+  for (std::size_t shm : {std::size_t{256} << 10, std::size_t{0}, std::size_t{64}})
   for (int n : test_sizes::worlds({1, 2, 3, 4, 5, 8, 9, 13})) {
-    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000}}) {
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{40}, std::size_t{1000}, std::size_t{5000}}) {
+      if ((shm == 64) != (count == 40) && count > 3) continue; // 64-byte buffers: 40 elements take several chunks
+      CAPTURE(shm);
       CAPTURE(n);
       CAPTURE(count);
       const auto un = static_cast<std::size_t>(n);
       std::vector<int> wrong(un, 0);
-      dpkit::inproc_world world(n);
+      dpkit::inproc_world world(n, nullptr, shm);
       world.run([&](inproc& comm) {
         const int r = comm.rank();
         for (int root : {0, n - 1, n / 2}) {
@@ -51,6 +57,23 @@ TEST_CASE_TEMPLATE("gather and scatter: rank order on root, every root", T, floa
           dpkit::scatter(comm, out, back, root);
           for (std::size_t i = 0; i < count; ++i)
             wrong[static_cast<std::size_t>(r)] += std::memcmp(&back[i], &in[i], sizeof(T)) != 0;
+          // the list forms (torch's gather_list / scatter_list): the same
+          // blocks, each in its own tensor; a mixed call (list on root,
+          // contiguous elsewhere) is the same collective
+          std::vector<std::vector<T>> list(r == root ? un : 0, std::vector<T>(count, dpt::to_T<T>(98)));
+          if (r == root || r % 2 == 0) dpkit::gather(comm, in, list, root);
+          else dpkit::gather(comm, in, std::vector<T>{}, root);
+          if (r == root)
+            for (int p = 0; p < n; ++p)
+              wrong[static_cast<std::size_t>(r)] +=
+                  std::memcmp(list[static_cast<std::size_t>(p)].data(), out.data() + static_cast<std::size_t>(p) * count,
+                              count * sizeof(T)) != 0;
+          std::vector<T> back2(count, dpt::to_T<T>(97));
+          std::vector<dpkit::tensor_view<T>> views;
+          for (auto& b : list) views.push_back({b.data(), b.size()});
+          dpkit::scatter(comm, views, back2, root);
+          for (std::size_t i = 0; i < count; ++i)
+            wrong[static_cast<std::size_t>(r)] += std::memcmp(&back2[i], &in[i], sizeof(T)) != 0;
           // in place on root: its block of the output is its input
           if (r == root) {
             std::vector<T> all(un * count);
@@ -124,6 +147,12 @@ TEST_CASE("gather, scatter, all-to-all: the unhappy path") {
       CHECK_THROWS_WITH_AS(dpkit::gather(comm, a, b, 1), doctest::Contains("root rank 1 out of range"), dpkit::invalid_argument);
       CHECK_THROWS_WITH_AS(dpkit::gather(comm, a, c, 0), doctest::Contains("rank 0"), dpkit::invalid_argument);
       CHECK_THROWS_WITH_AS(dpkit::scatter(comm, c, a, 0), doctest::Contains("input has 3 elements"), dpkit::invalid_argument);
+      std::vector<std::vector<float>> two(2, a), short_block{c};
+      CHECK_THROWS_WITH_AS(dpkit::gather(comm, a, two, 0), doctest::Contains("output list has 2 tensors, expected one per rank (1)"),
+                           dpkit::invalid_argument);
+      CHECK_THROWS_WITH_AS(dpkit::scatter(comm, short_block, a, 0),
+                           doctest::Contains("input block 0 has 3 elements, expected 4"), dpkit::invalid_argument);
+      CHECK_THROWS_WITH_AS(dpkit::gather(comm, a, short_block, 0), doctest::Contains("rank 0"), dpkit::invalid_argument);
       CHECK_THROWS_WITH_AS(dpkit::alltoall(comm, a, a), doctest::Contains("overlap"), dpkit::invalid_argument);
       CHECK_THROWS_WITH_AS(dpkit::alltoallv(comm, a, {4, 1}, b, {4}), doctest::Contains("2 entries"), dpkit::invalid_argument);
       CHECK_THROWS_WITH_AS(dpkit::alltoallv(comm, a, {3}, b, {4}), doctest::Contains("sum to 3"), dpkit::invalid_argument);

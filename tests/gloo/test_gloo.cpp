@@ -443,13 +443,16 @@ TEST_CASE("gloo: gather, scatter, all-to-all (even, uneven) and receives from an
     const auto errors = run_world(dir.url("a2a-n" + std::to_string(n)), n, [&](dpkit::gloo_transport& comm) {
       const int r = comm.rank();
       const auto ur = static_cast<std::size_t>(r);
-      // gather to the last rank, then scatter it back
-      std::vector<std::int32_t> mine(1001, r * 10), all(r == n - 1 ? 1001 * un : 0), back(1001, -1);
-      dpkit::gather(comm, mine, all, n - 1);
-      if (r == n - 1)
-        for (std::size_t i = 0; i < all.size(); ++i) REQUIRE(all[i] == static_cast<std::int32_t>(i / 1001 * 10));
-      dpkit::scatter(comm, all, back, n - 1);
-      REQUIRE(back == mine);
+      // gather to the last rank, then scatter it back: 1001 elements through
+      // the node's segment, 5000 (20 KB) linear
+      for (std::size_t c : {std::size_t{1001}, std::size_t{5000}}) {
+        std::vector<std::int32_t> mine(c, r * 10), all(r == n - 1 ? c * un : 0), back(c, -1);
+        dpkit::gather(comm, mine, all, n - 1);
+        if (r == n - 1)
+          for (std::size_t i = 0; i < all.size(); ++i) REQUIRE(all[i] == static_cast<std::int32_t>(i / c * 10));
+        dpkit::scatter(comm, all, back, n - 1);
+        REQUIRE(back == mine);
+      }
       // even all-to-all: block p of rank r holds r * 100 + p
       std::vector<double> in(3 * un), out(3 * un);
       for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<double>(r * 100) + static_cast<double>(i / 3);

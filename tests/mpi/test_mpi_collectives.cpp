@@ -224,6 +224,14 @@ TEST_CASE("mpi gather, scatter, all-to-all (even, uneven), receives from any ran
       CHECK(all == ref);
       dpkit::scatter(comm, all, back, root);
       CHECK(back == mine);
+      // the list forms (one tensor per rank on root), against the same reference
+      std::vector<std::vector<std::int64_t>> list(r == root ? un : 0, std::vector<std::int64_t>(count, -1));
+      dpkit::gather(comm, mine, list, root);
+      for (std::size_t p = 0; p < list.size(); ++p)
+        CHECK(std::equal(list[p].begin(), list[p].end(), ref.begin() + static_cast<std::ptrdiff_t>(p * count)));
+      std::vector<std::int64_t> back2(count, -1);
+      dpkit::scatter(comm, list, back2, root);
+      CHECK(back2 == mine);
     }
     std::vector<float> in(count * un), out(count * un), ref(count * un);
     for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(r * 1000) + static_cast<float>(i % 1000);

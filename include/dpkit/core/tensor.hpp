@@ -209,4 +209,12 @@ struct tensor_traits<tensor_view<E>> {
   static memory_space space(const tensor_view<E>& t) noexcept { return t.where; }
 };
 
+/// Concept: R is a list of tensors, one block per rank (a random-access
+/// range whose elements are tensors, itself not a tensor): the list forms of
+/// gather and scatter take one (torch.distributed.gather's gather_list,
+/// scatter's scatter_list), e.g. std::vector<std::vector<float>> or
+/// std::vector<dpkit::tensor_view<float>>.
+template <class R>
+concept tensor_list = std::ranges::random_access_range<R> && tensor<std::ranges::range_reference_t<R>> && !tensor<R>;
+
 } // namespace dpkit

@@ -141,6 +141,18 @@ void visit_move(const at::Tensor& t, F&& f) {
   f(dpkit::tensor_view<std::uint8_t>{static_cast<std::uint8_t*>(t.data_ptr()), nbytes(t)});
 }
 
+/// Views of `ts` (dense, contiguous CPU tensors) as blocks of T for the list
+/// forms of dpkit::gather and dpkit::scatter: T is what visit_move gives the
+/// operation's own tensor (its element type, or bytes for dtypes dpkit does
+/// not reduce), so each view holds nbytes / sizeof(T) elements.
+template <class T>
+std::vector<dpkit::tensor_view<T>> blocks_of(const std::vector<at::Tensor>& ts) {
+  std::vector<dpkit::tensor_view<T>> vs;
+  vs.reserve(ts.size());
+  for (const auto& t : ts) vs.push_back({static_cast<T*>(t.data_ptr()), nbytes(t) / sizeof(T)});
+  return vs;
+}
+
 /// A contiguous flat (1-d) tensor of `ts` concatenated (each reshaped to
 /// 1-d): a new tensor, or ts[0]'s flat view when there is only one.
 inline at::Tensor flat_cat(const std::vector<at::Tensor>& ts) {

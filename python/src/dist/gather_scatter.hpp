@@ -2,8 +2,8 @@
 // rank without reducing it: gather (every rank's tensor into root's list;
 // torch's gather and gather_object) and scatter (root's list, one tensor to
 // each rank; scatter and scatter_object_list). ProcessGroupGloo's
-// semantics; dpkit::gather / dpkit::scatter move the data (one message per
-// rank, straight to or from root).
+// semantics; dpkit::gather / dpkit::scatter's list forms move the data (one
+// message per rank, straight from or into root's own tensors: no staging).
 #pragma once
 
 #include "process_group.hpp"
@@ -35,16 +35,11 @@ inline c10::intrusive_ptr<c10d::Work> process_group_dpkit::gather(std::vector<st
                                   " lists)");
   }
   return submit(c10d::OpType::GATHER, outs, nbytes(in) * static_cast<std::size_t>(getSize()), timeout_of(opts.timeout),
-                [this, in, outs, root](auto& c, const dpkit::collective_options& o) {
-                  const bool at_root = getRank() == root;
-                  const at::Tensor flat = at_root ? rooted_stage(getSize() * in.numel(), in.options())
-                                                  : at::empty({0}, in.options());
+                [in, outs, root](auto& c, const dpkit::collective_options& o) {
                   visit_move(in, [&](auto v) {
                     using T = std::remove_pointer_t<decltype(v.ptr)>;
-                    dpkit::gather(c, v, dpkit::tensor_view<T>{reinterpret_cast<T*>(flat.data_ptr()), nbytes(flat) / sizeof(T)},
-                                  root, o);
+                    dpkit::gather(c, v, blocks_of<T>(outs), root, o); // straight into root's tensors
                   });
-                  if (at_root) flat_split(flat, outs);
                 });
 }
 
@@ -72,20 +67,10 @@ inline c10::intrusive_ptr<c10d::Work> process_group_dpkit::scatter(std::vector<a
                                   " passes input tensors (this rank passed " + std::to_string(inputs.size()) + " lists)");
   }
   return submit(c10d::OpType::SCATTER, {out}, nbytes(out) * static_cast<std::size_t>(getSize()), timeout_of(opts.timeout),
-                [this, ins, out, root](auto& c, const dpkit::collective_options& o) {
-                  at::Tensor flat = at::empty({0}, out.options());
-                  if (getRank() == root) {
-                    flat = rooted_stage(getSize() * out.numel(), out.options());
-                    std::int64_t off = 0;
-                    for (const auto& i : ins) {
-                      flat.narrow(0, off, i.numel()).view(i.sizes()).copy_(i);
-                      off += i.numel();
-                    }
-                  }
+                [ins, out, root](auto& c, const dpkit::collective_options& o) {
                   visit_move(out, [&](auto v) {
                     using T = std::remove_pointer_t<decltype(v.ptr)>;
-                    dpkit::scatter(c, dpkit::tensor_view<T>{reinterpret_cast<T*>(flat.data_ptr()), nbytes(flat) / sizeof(T)}, v,
-                                   root, o);
+                    dpkit::scatter(c, blocks_of<T>(ins), v, root, o); // each block sent from where it lies
                   });
                 });
 }

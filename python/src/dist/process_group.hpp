@@ -359,21 +359,6 @@ private:
   bool mpi_multiple_ = true; // MPI_THREAD_MULTIPLE (sends and receives on the caller's thread beside the worker)
   std::chrono::milliseconds timeout_;
   std::size_t inline_bytes_;
-  at::Tensor stage_; // rooted_stage's buffer (the group's collectives run one at a time)
-
-  /// The first `numel` elements of a flat buffer of `opts`' dtype that the
-  /// group keeps between calls: gather's and scatter's root stage every
-  /// rank's block there. A fresh allocation of 32 MiB or more is a new
-  /// mapping that each call would page-fault through (glibc maps such
-  /// blocks and unmaps them on free): scatter of 32 MiB took 21.8 ms where
-  /// gloo took 6.8 (benchmarks/results/2026-12-02-python-collectives.md).
-  /// Grows to the largest size asked for; called only from a collective's
-  /// body, which the group runs one at a time.
-  at::Tensor rooted_stage(std::int64_t numel, const at::TensorOptions& opts) {
-    if (!stage_.defined() || stage_.scalar_type() != opts.dtype().toScalarType() || stage_.numel() < numel)
-      stage_ = at::empty({numel}, opts);
-    return stage_.narrow(0, 0, numel);
-  }
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -378,6 +378,35 @@ auto resolve_inout(const C& comm, const op_context& ctx, const In& in, Out& out,
   return std::pair<const T*, T*>{as_span(in).data(), os.data()};
 }
 
+/// The data pointers (P: T* or const T*) of a list form's blocks on root:
+/// world size tensors of `count` elements each, contiguous, in memory space
+/// `space` (the other side's). `which` names the side ("output", "input").
+/// @throws invalid_argument naming the list's length or the block, its size
+///         or space, and the rank.
+template <class P, class C, class L>
+std::vector<P> list_blocks(const C& comm, const op_context& ctx, L& list, std::size_t count, memory_space space,
+                           const char* which) {
+  const auto n = static_cast<std::size_t>(ctx.size);
+  if (static_cast<std::size_t>(std::ranges::size(list)) != n)
+    ctx.invalid(std::string(which) + " list has " + std::to_string(std::ranges::size(list)) +
+                " tensors, expected one per rank (" + std::to_string(n) + ")");
+  std::vector<P> ps;
+  ps.reserve(n);
+  for (auto&& b : list) {
+    const std::string name = std::string(which) + " block " + std::to_string(ps.size());
+    static_check_space<C, std::remove_cvref_t<decltype(b)>>();
+    check_tensor(ctx, b, name.c_str());
+    check_space(comm, ctx, space_of(b), name.c_str());
+    if (space_of(b) != space)
+      ctx.invalid(name + " is in " + std::string(memory_space_name(space_of(b))) + " memory, the other side in " +
+                  std::string(memory_space_name(space)) + " memory");
+    if (size_of(b) != count)
+      ctx.invalid(name + " has " + std::to_string(size_of(b)) + " elements, expected " + std::to_string(count));
+    ps.push_back(as_span(b).data());
+  }
+  return ps;
+}
+
 /// For NCCL-style in-place reduce-scatter / all-gather: validates tensor t
 /// (count x n elements, a movable memory space) and returns (data, count).
 template <class C, tensor Tn>
