@@ -116,6 +116,7 @@ struct options {
   std::string explain_arg;                ///< --explain SIZE (allreduce_perf)
   std::size_t explain_bytes = 0;
   std::string predict_shape;              ///< --predict NxL (allreduce_perf)
+  bool floor = false;                     ///< --floor: the memory floor under each row (allreduce_perf, host)
   /// --rendezvous URL, --rank R, --world-size W as typed (nullopt: not
   /// given): a launch without mpirun, resolved with the environment by
   /// dpkit::resolve_launch (transport/launch.hpp) in bench_main.
@@ -217,6 +218,9 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
     app.add_option("--explain", o.explain_arg, "print what auto runs for this many bytes on this transport, and why");
     app.add_option("--predict", o.predict_shape,
                    "NODESxRANKS: the cost model's busbw table over -b/-e/-f from DPKIT_TUNING_FILE's link costs");
+    app.add_flag("--floor", o.floor,
+                 "measure the node's copy and reduce rates at each size (all ranks at once) and print the all-reduce's "
+                 "memory floor under each row, with the row's time / floor (benchmarks/common/bench_floor.hpp)");
   }
 
   bool print = detail::launcher_rank0();

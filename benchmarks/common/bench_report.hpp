@@ -22,6 +22,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <span>
 #include <string>
@@ -83,6 +84,15 @@ struct row_result {
   std::string type, redop;
   int root = -1;
   half_result oop, ip;
+  /// allreduce_perf --floor (bench_floor.hpp): this size's memory floor in
+  /// microseconds (every rank reads its input and writes its output once at
+  /// the stream rate; NaN: not measured), the stream rate (GB/s per rank, all
+  /// ranks at once), and the model's times if nothing stayed in the caches:
+  /// direct, and the best without direct reads of the peers' buffers.
+  double floor_us = std::numeric_limits<double>::quiet_NaN();
+  double stream_gbps = 0;
+  double uncached_direct_us = 0, uncached_segment_us = 0;
+  std::string uncached_segment_algo;
 };
 
 /// Formats a time in microseconds as nccl-tests does (7 wide).
@@ -124,6 +134,18 @@ inline void print_table_header(std::FILE* f, bool stats = false) {
     }
     std::fprintf(f, "\n");
   }
+}
+
+/// allreduce_perf --floor: a comment line under row `r` (nccl-tests' table
+/// stays as it is): the size's memory floor and the rate it came from, the
+/// model's times if nothing stayed in the caches, and the row's times as
+/// multiples of the floor. Nothing when the floor was not measured.
+inline void print_floor_line(std::FILE* f, const row_result& r) {
+  if (r.floor_us != r.floor_us) return;
+  std::fprintf(f, "#  floor %12zu B: %9.1f us (in and out once at %.2f GB/s per rank); uncached: direct %.1f us, "
+                  "%s %.1f us; time/floor: oop %.2f, ip %.2f\n",
+               r.bytes, r.floor_us, r.stream_gbps, r.uncached_direct_us, r.uncached_segment_algo.c_str(),
+               r.uncached_segment_us, r.oop.time_us / r.floor_us, r.ip.time_us / r.floor_us);
 }
 
 /// The row preamble: size, count, type, redop, root.

@@ -17,6 +17,7 @@
 #include "bench_buffers.hpp"
 #include "bench_collectives.hpp"
 #include "bench_data.hpp"
+#include "bench_floor.hpp"
 #include "bench_options.hpp"
 #include "bench_report.hpp"
 #include "bench_tune.hpp"
@@ -374,6 +375,26 @@ private:
     print_half(out_, row.oop);
     print_half(out_, row.ip);
     std::fprintf(out_, "\n");
+    print_floor_line(out_, row);
+  }
+
+  /// --floor asked for and meaningful (the all-reduce's model).
+  bool floor_on() const noexcept { return o_.floor && kind_ == collective::allreduce; }
+
+  /// --floor: the node's rates for `bytes` (every rank measures at once, the
+  /// slowest rank's) and the floor they give, into `row`.
+  void measure_floor(std::size_t bytes, row_result& row) {
+    const auto r = measure_rates(bytes, 5, [&] { barrier(); });
+    double rates[3] = {r.copy_bytes_per_s, r.reduce_bytes_per_s, r.stream_bytes_per_s};
+    allreduce_harness(std::span<double>(rates), dpkit::reduce_op::min);
+    const memory_rates slowest{rates[0], rates[1], rates[2]};
+    const double b = static_cast<double>(bytes);
+    row.floor_us = stream_floor_seconds(b, slowest) * 1e6;
+    row.stream_gbps = slowest.stream_bytes_per_s / 1e9;
+    row.uncached_direct_us = floor_seconds(floor_algo::direct, n_, b, slowest) * 1e6;
+    const auto seg = floor_of(n_, b, slowest, false);
+    row.uncached_segment_us = seg.seconds * 1e6;
+    row.uncached_segment_algo = std::string(floor_algo_name(seg.algo));
   }
 
   template <class T>
@@ -390,10 +411,15 @@ private:
             for (int w = 0; w < o_.warmup; ++w) run_collective<K>(comm_, a, x);
           }
         for (std::size_t s : sizes_) {
+          row_result floor_row; // --floor: measured once per size, before its rows
+          if (floor_on()) {
+            make_args<T>(s, op, root, false, 0, c);
+            measure_floor(std::max(c.send, c.recv) * sizeof(T), floor_row);
+          }
           for (std::size_t i = 0; i < algos_.size(); ++i) {
             const auto a = algos_[i];
             make_args<T>(s, op, root, false, 0, c);
-            row_result row;
+            row_result row = floor_row;
             row.algorithm = std::string(algorithm_label(a));
             row.bytes = std::max(c.send, c.recv) * sizeof(T);
             row.count = c.param;
@@ -415,6 +441,7 @@ private:
             if (stream_ && out_) {
               print_half(out_, row.ip);
               std::fprintf(out_, "\n");
+              print_floor_line(out_, row);
               std::fflush(out_);
             }
             if (out_) tables_[i].rows.push_back(std::move(row));

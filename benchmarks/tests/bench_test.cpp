@@ -3,6 +3,7 @@
 // sweep, the algorithm table and the JSON layout, each against values worked
 // out by hand in the comments.
 #include "bench.hpp"
+#include "bench_floor.hpp"
 
 #include <doctest/doctest.h>
 
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -334,3 +336,43 @@ TEST_CASE("JSON: nccl-tests 2.19 keys, null for unchecked and non-finite values"
 }
 
 } // TEST_SUITE
+
+// ---- bench_floor.hpp: the memory floor's model and its streaming copy ----
+
+TEST_CASE("floor model: each algorithm's traffic per rank, the node's floor, and the streaming copy") {
+  using dpkit_bench::floor_algo;
+  const double S = 1 << 20;
+  // n = 4, slice S/4: the table of bench_floor.hpp
+  auto t = dpkit_bench::traffic_of(floor_algo::one_shot, 4, S);
+  CHECK(t.copy_bytes == S);
+  CHECK(t.reduce_bytes == 3 * S);
+  t = dpkit_bench::traffic_of(floor_algo::two_shot, 4, S);
+  CHECK(t.copy_bytes == 2 * 0.75 * S + 0.25 * S);
+  CHECK(t.reduce_bytes == 0.75 * S);
+  t = dpkit_bench::traffic_of(floor_algo::direct, 4, S);
+  CHECK((t.copy_bytes == 0.75 * S && t.reduce_bytes == 0.75 * S));
+  t = dpkit_bench::traffic_of(floor_algo::ring, 4, S);
+  CHECK((t.copy_bytes == 1.5 * S && t.reduce_bytes == 0.75 * S));
+  t = dpkit_bench::traffic_of(floor_algo::ring, 1, S); // one rank: a copy, nothing to reduce
+  CHECK((t.copy_bytes == S && t.reduce_bytes == 0));
+  const dpkit_bench::memory_rates r{2e9, 1e9, 4e9};
+  CHECK(dpkit_bench::floor_seconds(floor_algo::direct, 4, S, r) == doctest::Approx(0.75 * S / 2e9 + 0.75 * S / 1e9));
+  CHECK(dpkit_bench::stream_floor_seconds(S, r) == doctest::Approx(S / 4e9));
+  // direct moves least; without it, ring beats two-shot at these rates
+  CHECK(dpkit_bench::floor_of(4, S, r).algo == floor_algo::direct);
+  CHECK(dpkit_bench::floor_of(4, S, r, false).algo == floor_algo::ring);
+  // the streaming copy: every length around the 16-byte alignment and the
+  // 64-byte loop, from unaligned sources and destinations, equals memcpy's
+  std::vector<unsigned char> src(1000), dst(1100), ref(1100);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 3);
+  for (std::size_t off : {0u, 1u, 15u, 16u, 33u})
+    for (std::size_t len : {0u, 1u, 15u, 63u, 64u, 65u, 200u, 900u}) {
+      CAPTURE(off);
+      CAPTURE(len);
+      std::fill(dst.begin(), dst.end(), 0xAB);
+      ref = dst;
+      dpkit_bench::copy_streaming(dst.data() + off, src.data() + 1, len);
+      std::memcpy(ref.data() + off, src.data() + 1, len);
+      CHECK(dst == ref);
+    }
+}
