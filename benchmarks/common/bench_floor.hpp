@@ -40,20 +40,17 @@
 // synchronisation are not in the model: it is for large messages.
 #pragma once
 
+#include <dpkit/core/copy_nontemporal.hpp>
 #include <dpkit/core/reduce_op.hpp>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
-#include <cstdint>
 #include <cstring>
 #include <string_view>
 #include <vector>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 namespace dpkit_bench {
 
@@ -108,34 +105,6 @@ struct memory_rates {
 /// and writes its output once, a streaming copy's traffic (seconds).
 inline double stream_floor_seconds(double bytes, const memory_rates& r) noexcept {
   return bytes / r.stream_bytes_per_s;
-}
-
-/// dst = src for `bytes` bytes with non-temporal (streaming) stores where the
-/// compiler targets SSE2 (every x86-64), else memcpy: the output is not read
-/// back into the caches before it is written.
-inline void copy_streaming(void* dst, const void* src, std::size_t bytes) noexcept {
-#if defined(__SSE2__)
-  auto* d = static_cast<unsigned char*>(dst);
-  const auto* s = static_cast<const unsigned char*>(src);
-  std::size_t head = (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16;
-  if (head > bytes) head = bytes;
-  std::memcpy(d, s, head);
-  std::size_t i = head;
-  for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
-  }
-  _mm_sfence();
-  std::memcpy(d + i, s + i, bytes - i);
-#else
-  std::memcpy(dst, src, bytes);
-#endif
 }
 
 /// Seconds algorithm `a` needs at least for `bytes` on `n` ranks at rates `r`.
@@ -194,7 +163,7 @@ memory_rates measure_rates(std::size_t bytes, int reps, Sync&& sync) {
   r.reduce_bytes_per_s =
       median_rate([&] { dpkit::reduce_host(out.data(), a.data(), b.data(), count, dpkit::reduce_op::sum); });
   r.stream_bytes_per_s =
-      std::max(r.copy_bytes_per_s, median_rate([&] { copy_streaming(out.data(), a.data(), count * sizeof(float)); }));
+      std::max(r.copy_bytes_per_s, median_rate([&] { dpkit::detail::copy_nontemporal(out.data(), a.data(), count * sizeof(float)); }));
   return r;
 }
 

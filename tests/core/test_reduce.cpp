@@ -1,5 +1,6 @@
 // reduce_host / divide_host for every op and element type against a scalar
 // reference written independently of the library's loops.
+#include <dpkit/core/copy_nontemporal.hpp>
 #include <dpkit/core/reduce_op.hpp>
 
 #include <doctest/doctest.h>
@@ -179,4 +180,21 @@ TEST_CASE("reduce_op: names, printing, parsing") {
       CHECK(std::string(e.what()).find(std::string("'") + bad + "'") != std::string::npos);
     }
   }
+}
+
+TEST_CASE("copy_nontemporal equals memcpy at every alignment and length around its 16-byte stores and 64-byte loop") {
+  std::vector<unsigned char> src(1000), dst(1100), ref(1100);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 3);
+  for (std::size_t from : {0u, 1u, 8u})
+    for (std::size_t off : {0u, 1u, 15u, 16u, 33u})
+      for (std::size_t len : {0u, 1u, 15u, 16u, 63u, 64u, 65u, 127u, 200u, 900u}) {
+        CAPTURE(from);
+        CAPTURE(off);
+        CAPTURE(len);
+        std::fill(dst.begin(), dst.end(), static_cast<unsigned char>(0xAB));
+        ref = dst;
+        dpkit::detail::copy_nontemporal(dst.data() + off, src.data() + from, len);
+        std::memcpy(ref.data() + off, src.data() + from, len);
+        CHECK(dst == ref); // and nothing written outside [off, off + len)
+      }
 }

@@ -71,6 +71,13 @@ inline constexpr std::size_t shm_one_shot_max_bytes_default = 64u << 10;
 /// The same on 2 ranks (docs/tuning.md "Two-shot on two ranks": two-shot
 /// ahead in place from 512 KiB, level out of place from 2 MiB).
 inline constexpr std::size_t shm_one_shot_max_bytes_two_ranks_default = 256u << 10;
+/// Out-of-place messages from this many bytes have the shared-memory two-shot
+/// all-reduce write their output with non-temporal stores: by default never
+/// (DPKIT_SHM_NT_BYTES turns it on). On the 2-vCPU reference VM it was no
+/// faster out of place (0.88-1.56x the ordinary stores' time, 1 MiB-256 MiB)
+/// and slower in place, where the output's lines are already cached
+/// (benchmarks/results/2026-12-02-shm-nontemporal-output.md).
+inline constexpr std::size_t shm_nontemporal_min_bytes_default = static_cast<std::size_t>(-1);
 /// Messages up to this many bytes take the hierarchical all-reduce's
 /// small-message path (one shared-memory step, then the network; measured on
 /// the 2x2 emulated cluster, benchmarks/results/2026-11-26-cluster-fragments.md).
