@@ -23,6 +23,7 @@ namespace dpkit::detail {
 /// memcpy elsewhere. Ends with a store fence, so a later release store (a
 /// published shm step) orders after the data as it does after memcpy.
 inline void copy_nontemporal(void* dst, const void* src, std::size_t bytes) noexcept {
+  if (bytes == 0) return; // (memcpy takes no null pointer, even for 0 bytes)
 #if defined(__SSE2__)
   auto* d = static_cast<unsigned char*>(dst);
   const auto* s = static_cast<const unsigned char*>(src);
