@@ -51,7 +51,6 @@
 #include <string_view>
 #include <vector>
 
-
 namespace dpkit_bench {
 
 /// The algorithms the floor model knows (see the file's comment).
@@ -107,8 +106,9 @@ inline double stream_floor_seconds(double bytes, const memory_rates& r) noexcept
   return bytes / r.stream_bytes_per_s;
 }
 
-/// Seconds algorithm `a` needs at least for `bytes` on `n` ranks at rates `r`.
-inline double floor_seconds(floor_algo a, int n, double bytes, const memory_rates& r) noexcept {
+/// Seconds algorithm `a` takes for `bytes` on `n` ranks at rates `r` if
+/// nothing it stages stays in the caches (the file's table).
+inline double uncached_seconds(floor_algo a, int n, double bytes, const memory_rates& r) noexcept {
   const floor_traffic t = traffic_of(a, n, bytes);
   double s = 0;
   if (t.copy_bytes > 0) s += t.copy_bytes / r.copy_bytes_per_s;
@@ -118,25 +118,26 @@ inline double floor_seconds(floor_algo a, int n, double bytes, const memory_rate
 
 /// The smallest time over the algorithms if nothing stays in the caches, and
 /// which one it is.
-struct node_floor {
+struct uncached_best {
   double seconds = 0;
   floor_algo algo = floor_algo::direct;
 };
 
-/// The node's floor for `bytes` on `n` ranks: the best of the algorithms
+/// The best of the algorithms' uncached times for `bytes` on `n` ranks
 /// (direct when every rank can read its peers' buffers; the best of the
-/// others when `direct_possible` is false).
-inline node_floor floor_of(int n, double bytes, const memory_rates& r, bool direct_possible = true) noexcept {
-  node_floor best{-1, floor_algo::direct};
+/// others when `direct_possible` is false). Not the floor: that is
+/// stream_floor_seconds.
+inline uncached_best best_uncached(int n, double bytes, const memory_rates& r, bool direct_possible = true) noexcept {
+  uncached_best best{-1, floor_algo::direct};
   for (floor_algo a : floor_algos) {
     if (a == floor_algo::direct && !direct_possible) continue;
-    const double s = floor_seconds(a, n, bytes, r);
+    const double s = uncached_seconds(a, n, bytes, r);
     if (best.seconds < 0 || s < best.seconds) best = {s, a};
   }
   return best;
 }
 
-/// Measures this thread's copy and reduce rates on buffers of `bytes` bytes
+/// Measures this thread's copy, reduce and stream rates on buffers of `bytes` bytes
 /// (float sum; the buffers are allocated and first touched here), `reps`
 /// timed repetitions of each after one untimed, the median. `sync` runs
 /// before each repetition (a barrier with the other ranks or threads, so all
@@ -162,8 +163,9 @@ memory_rates measure_rates(std::size_t bytes, int reps, Sync&& sync) {
   r.copy_bytes_per_s = median_rate([&] { std::memcpy(out.data(), a.data(), count * sizeof(float)); });
   r.reduce_bytes_per_s =
       median_rate([&] { dpkit::reduce_host(out.data(), a.data(), b.data(), count, dpkit::reduce_op::sum); });
-  r.stream_bytes_per_s =
-      std::max(r.copy_bytes_per_s, median_rate([&] { dpkit::detail::copy_nontemporal(out.data(), a.data(), count * sizeof(float)); }));
+  const double nontemporal =
+      median_rate([&] { dpkit::detail::copy_nontemporal(out.data(), a.data(), count * sizeof(float)); });
+  r.stream_bytes_per_s = std::max(r.copy_bytes_per_s, nontemporal);
   return r;
 }
 

@@ -219,7 +219,7 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
     app.add_option("--predict", o.predict_shape,
                    "NODESxRANKS: the cost model's busbw table over -b/-e/-f from DPKIT_TUNING_FILE's link costs");
     app.add_flag("--floor", o.floor,
-                 "measure the node's copy and reduce rates at each size (all ranks at once) and print the all-reduce's "
+                 "measure the node's copy, reduce and stream rates at each size (all ranks at once) and print the all-reduce's "
                  "memory floor under each row, with the row's time / floor (benchmarks/common/bench_floor.hpp)");
   }
 

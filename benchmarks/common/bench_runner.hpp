@@ -391,8 +391,8 @@ private:
     const double b = static_cast<double>(bytes);
     row.floor_us = stream_floor_seconds(b, slowest) * 1e6;
     row.stream_gbps = slowest.stream_bytes_per_s / 1e9;
-    row.uncached_direct_us = floor_seconds(floor_algo::direct, n_, b, slowest) * 1e6;
-    const auto seg = floor_of(n_, b, slowest, false);
+    row.uncached_direct_us = uncached_seconds(floor_algo::direct, n_, b, slowest) * 1e6;
+    const auto seg = best_uncached(n_, b, slowest, false);
     row.uncached_segment_us = seg.seconds * 1e6;
     row.uncached_segment_algo = std::string(floor_algo_name(seg.algo));
   }

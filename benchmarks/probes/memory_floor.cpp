@@ -2,9 +2,9 @@
 // threads at once (each thread its own buffers, first touched by it), and
 // what the model of benchmarks/common/bench_floor.hpp derives from them for
 // n = 1..N ranks: each algorithm's time if nothing stayed in the caches
-// (one-shot, two-shot, direct, ring) and the floor (S / stream rate). No MPI: threads stand in for the
-// ranks of a node (a rank of an all-reduce is one process on one core; the
-// memory system is what they share). allreduce_perf --floor measures the
+// (one-shot, two-shot, direct, ring) and the floor (S / stream rate). No
+// MPI: threads stand in for the ranks of a node (a rank of an all-reduce is
+// one process on one core; the memory system is what they share). allreduce_perf --floor measures the
 // same rates with its own ranks and prints the floor beside each row.
 //
 //   ninja -C build benchmarks/probes/memory_floor
@@ -12,7 +12,8 @@
 //
 // Sizes step by 4 from -b to -e; -t defaults to the CPUs this process may
 // run on (sched_getaffinity). Rates are GB/s of payload per thread (copy:
-// bytes copied; reduce: bytes written by out = a + b, float sum), the median
+// bytes copied; reduce: bytes written by out = a + b, float sum; stream: the
+// faster of memcpy and a copy with non-temporal stores), the median
 // of -r repetitions after one warm-up, every thread timing at once.
 #include "bench_floor.hpp"
 
@@ -36,7 +37,9 @@ dpkit_bench::memory_rates rates_with(int threads, std::size_t bytes, int reps) {
   std::vector<dpkit_bench::memory_rates> got(static_cast<std::size_t>(threads));
   std::vector<std::thread> ts;
   for (int t = 0; t < threads; ++t)
-    ts.emplace_back([&, t] { got[static_cast<std::size_t>(t)] = dpkit_bench::measure_rates(bytes, reps, [&] { sync.arrive_and_wait(); }); });
+    ts.emplace_back([&, t] {
+      got[static_cast<std::size_t>(t)] = dpkit_bench::measure_rates(bytes, reps, [&] { sync.arrive_and_wait(); });
+    });
   for (auto& t : ts) t.join();
   dpkit_bench::memory_rates slowest = got[0];
   for (const auto& g : got) {
@@ -50,7 +53,7 @@ dpkit_bench::memory_rates rates_with(int threads, std::size_t bytes, int reps) {
 int run(int argc, char** argv) {
   std::size_t lo = std::size_t{1} << 20, hi = std::size_t{256} << 20;
   int max_threads = static_cast<int>(dpkit::usable_cpu_count()), reps = 5;
-  CLI::App app{"memory_floor: copy and reduce rates with 1..N threads, and the all-reduce floor they give"};
+  CLI::App app{"memory_floor: copy, reduce and stream rates with 1..N threads, and the all-reduce floor they give"};
   app.add_option("-b,--minbytes", lo, "smallest size (bytes; K, M, G)")->transform(CLI::AsSizeValue(false));
   app.add_option("-e,--maxbytes", hi, "largest size (bytes; K, M, G)")->transform(CLI::AsSizeValue(false));
   app.add_option("-t,--threads", max_threads, "up to this many threads (default: the usable CPUs)")
@@ -74,7 +77,7 @@ int run(int argc, char** argv) {
       std::printf("  %10zu  %7.2f  %7.2f  %7.2f", s, r.copy_bytes_per_s / 1e9, r.reduce_bytes_per_s / 1e9,
                   r.stream_bytes_per_s / 1e9);
       for (auto a : dpkit_bench::floor_algos)
-        std::printf("  %10.1f", dpkit_bench::floor_seconds(a, k, static_cast<double>(s), r) * 1e6);
+        std::printf("  %10.1f", dpkit_bench::uncached_seconds(a, k, static_cast<double>(s), r) * 1e6);
       std::printf("  %10.1f\n", dpkit_bench::stream_floor_seconds(static_cast<double>(s), r) * 1e6);
       std::fflush(stdout);
     }

@@ -356,9 +356,9 @@ TEST_CASE("floor model: each algorithm's traffic per rank and the node's floor")
   t = dpkit_bench::traffic_of(floor_algo::ring, 1, S); // one rank: a copy, nothing to reduce
   CHECK((t.copy_bytes == S && t.reduce_bytes == 0));
   const dpkit_bench::memory_rates r{2e9, 1e9, 4e9};
-  CHECK(dpkit_bench::floor_seconds(floor_algo::direct, 4, S, r) == doctest::Approx(0.75 * S / 2e9 + 0.75 * S / 1e9));
+  CHECK(dpkit_bench::uncached_seconds(floor_algo::direct, 4, S, r) == doctest::Approx(0.75 * S / 2e9 + 0.75 * S / 1e9));
   CHECK(dpkit_bench::stream_floor_seconds(S, r) == doctest::Approx(S / 4e9));
   // direct moves least; without it, ring beats two-shot at these rates
-  CHECK(dpkit_bench::floor_of(4, S, r).algo == floor_algo::direct);
-  CHECK(dpkit_bench::floor_of(4, S, r, false).algo == floor_algo::ring);
+  CHECK(dpkit_bench::best_uncached(4, S, r).algo == floor_algo::direct);
+  CHECK(dpkit_bench::best_uncached(4, S, r, false).algo == floor_algo::ring);
 }
