@@ -161,6 +161,127 @@ TEST_CASE_TEMPLATE("divide_host: avg finalization (integers truncate toward zero
   }
 }
 
+// The F16C loops (detail/reduce_f16c.hpp) against the portable loops, bit for
+// bit: every f16 pattern against specials (0, -0, subnormals, the largest
+// finite values, infinities, NaNs) and random pairs, for sum prod min max and
+// the avg division. A NaN result must be the canonical quiet NaN 0x7e00 on
+// both paths; its sign is compared unless both inputs are NaN (which NaN x86
+// returns then depends on the compiler's operand order).
+namespace {
+
+bool f16_is_nan(std::uint16_t h) { return (h & 0x7fffu) > 0x7c00u; }
+
+// Portable results through the loops reduce_host used before F16C: out of
+// place, and in place (dst = dst op src), which is also the dst == b case's
+// order (min and max with a NaN return their first operand).
+template <reduce_op Op>
+void portable_reduce(f16* dst, const f16* a, const f16* b, std::size_t n) {
+  dpkit::detail::reduce_loop<Op>(dst, a, b, n);
+}
+template <reduce_op Op>
+void portable_reduce_inplace(f16* dst, const f16* src, std::size_t n) {
+  dpkit::detail::reduce_inplace_loop<Op>(dst, src, n);
+}
+
+std::size_t f16_mismatches(const std::vector<f16>& got, const std::vector<f16>& want, const std::vector<f16>& a,
+                           const std::vector<f16>& b, const char* what) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const std::uint16_t g = got[i].bits, w = want[i].bits;
+    bool ok = g == w;
+    if (!ok && f16_is_nan(g) && f16_is_nan(w) && (g & 0x7fffu) == 0x7e00u && (w & 0x7fffu) == 0x7e00u &&
+        f16_is_nan(a[i].bits) && f16_is_nan(b[i].bits))
+      ok = true; // both inputs NaN: either sign
+    if (!ok && bad++ < 5) {
+      std::ostringstream os;
+      os << what << ": [" << i << "] 0x" << std::hex << unsigned{a[i].bits} << ", 0x" << unsigned{b[i].bits}
+         << " -> 0x" << unsigned{g} << ", portable loop 0x" << unsigned{w};
+      FAIL_CHECK(os.str());
+    }
+  }
+  return bad;
+}
+
+} // namespace
+
+TEST_CASE("f16 reduce_host and divide_host on F16C give the portable loops' bits, specials included") {
+#ifndef DPKIT_REDUCE_F16C
+  MESSAGE("not an x86-64 GCC/Clang build: the F16C loops are not compiled");
+#else
+  const bool cpu = dpkit::detail::cpu_has_f16c_avx();
+  if (!cpu) {
+    MESSAGE("this CPU has no F16C/AVX: only the portable loop runs");
+    CHECK_FALSE(dpkit::detail::f16c_enabled());
+    return;
+  }
+  CHECK(dpkit::detail::f16c_enabled()); // the test's environment leaves DPKIT_F16C unset
+  const std::uint16_t specials[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x0400, 0x3c00, 0xbc00, 0x3555,
+                                    0x7bff, 0xfbff, 0x7bfe, 0x7c00, 0xfc00, 0x7e00, 0xfe00, 0x7c01, 0x7fff,
+                                    0x7d55, 0x5bff, 0x1400, 0x0200, 0x3c01, 0xc000};
+  std::mt19937_64 rng(2026);
+  std::vector<f16> a, b;
+  for (std::uint16_t s : specials)
+    for (std::uint32_t x = 0; x < 0x10000u; ++x) {
+      a.push_back(f16::from_bits(static_cast<std::uint16_t>(x)));
+      b.push_back(f16::from_bits(s));
+    }
+  for (int k = 0; k < (1 << 20); ++k) {
+    a.push_back(f16::from_bits(static_cast<std::uint16_t>(rng())));
+    b.push_back(f16::from_bits(static_cast<std::uint16_t>(rng())));
+  }
+  // Ties: a + b exactly halfway between two f16 (1 + 2^-11 and its odd neighbours), both signs.
+  for (std::uint16_t m = 0; m < 0x400; ++m) {
+    a.push_back(f16::from_bits(static_cast<std::uint16_t>(0x3c00 | m)));
+    b.push_back(f16::from_bits(0x1000)); // 2^-11
+    a.push_back(f16::from_bits(static_cast<std::uint16_t>(0xbc00 | m)));
+    b.push_back(f16::from_bits(0x9000));
+  }
+  a.push_back(f16::from_bits(0x0001)); // a tail shorter than one 8-lane block
+  b.push_back(f16::from_bits(0x7e00));
+  const std::size_t n = a.size();
+  REQUIRE(n % 8 != 0);
+  auto one = [&]<reduce_op Op>() {
+    CAPTURE(Op);
+    std::vector<f16> want(n), got(n);
+    portable_reduce<Op>(want.data(), a.data(), b.data(), n);
+    dpkit::reduce_host(got.data(), a.data(), b.data(), n, Op);
+    CHECK(f16_mismatches(got, want, a, b, "out of place") == 0);
+    std::vector<f16> x = a, want_x = a;
+    portable_reduce_inplace<Op>(want_x.data(), b.data(), n);
+    dpkit::reduce_host(x.data(), x.data(), b.data(), n, Op);
+    CHECK(f16_mismatches(x, want_x, a, b, "dst == a") == 0);
+    std::vector<f16> y = b, want_y = b;
+    portable_reduce_inplace<Op>(want_y.data(), a.data(), n);
+    dpkit::reduce_host(y.data(), a.data(), y.data(), n, Op);
+    CHECK(f16_mismatches(y, want_y, a, b, "dst == b") == 0);
+  };
+  one.template operator()<reduce_op::sum>();
+  one.template operator()<reduce_op::prod>();
+  one.template operator()<reduce_op::min>();
+  one.template operator()<reduce_op::max>();
+  // A result that overflows (65504 + 16 rounds to infinity, 65504 + 15 does not) and a sum of
+  // subnormals, named.
+  {
+    std::vector<f16> p(8, f16::from_bits(0x7bff)), q(8, f16(16.0f)), r(8);
+    q[1] = f16(15.0f);
+    p[2] = f16::from_bits(0x0001);
+    q[2] = f16::from_bits(0x0001);
+    dpkit::reduce_host(r.data(), p.data(), q.data(), 8, reduce_op::sum);
+    CHECK(r[0].bits == 0x7c00);
+    CHECK(r[1].bits == 0x7bff);
+    CHECK(r[2].bits == 0x0002);
+  }
+  for (std::size_t d : {std::size_t{2}, std::size_t{3}, std::size_t{7}, std::size_t{1000}}) {
+    CAPTURE(d);
+    std::vector<f16> got = a, want(n);
+    for (std::size_t i = 0; i < n; ++i)
+      want[i] = f16::from_bits(f16::from_float(f16::to_float(a[i].bits) / static_cast<float>(d)));
+    dpkit::divide_host(got.data(), n, d);
+    CHECK(f16_mismatches(got, want, a, a, "divide") == 0);
+  }
+#endif
+}
+
 TEST_CASE("reduce_op: names, printing, parsing") {
   const reduce_op ops[] = {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg};
   const char* names[] = {"sum", "prod", "min", "max", "avg"};

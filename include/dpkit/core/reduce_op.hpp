@@ -9,6 +9,7 @@
 /// (contiguous, __restrict, no early exits; check with -fopt-info-vec).
 #pragma once
 
+#include "detail/reduce_f16c.hpp"
 #include "element.hpp"
 #include "errors.hpp"
 
@@ -102,14 +103,38 @@ inline void reduce_inplace_loop(T* __restrict dst, const T* __restrict b, std::s
   for (std::size_t i = nb * B; i < n; ++i) dst[i] = combine_any<Op>(dst[i], b[i]);
 }
 
+// The raw bits of an f16 array (f16 is a struct of one std::uint16_t).
+inline std::uint16_t* f16_bits(f16* p) noexcept { return reinterpret_cast<std::uint16_t*>(p); }
+inline const std::uint16_t* f16_bits(const f16* p) noexcept { return reinterpret_cast<const std::uint16_t*>(p); }
+
 } // namespace detail
 
 /// Host reduction: dst[i] = a[i] op b[i] for i in [0, n), n in elements.
 /// dst may equal a (in place) or b; otherwise the ranges must not overlap.
 /// For reduce_op::avg this is the sum step (the division is finalize_avg's).
-/// f16/bf16 are combined in f32 and rounded to nearest even.
+/// f16/bf16 are combined in f32 and rounded to nearest even. f16 runs on
+/// F16C+AVX where the CPU has them (detail/reduce_f16c.hpp; same bits).
 template <element T>
 inline void reduce_host(T* dst, const T* a, const T* b, std::size_t n, reduce_op op) noexcept {
+#ifdef DPKIT_REDUCE_F16C
+  if constexpr (std::is_same_v<std::remove_cv_t<T>, f16>) {
+    if (n >= 8 && detail::f16c_enabled()) {
+      const detail::f16c_op fop = op == reduce_op::prod  ? detail::f16c_op::prod
+                                  : op == reduce_op::min ? detail::f16c_op::min
+                                  : op == reduce_op::max ? detail::f16c_op::max
+                                                         : detail::f16c_op::sum;
+      // dst == b runs as dst = b op a, the portable in-place loop's operand order (min/max with a NaN
+      // return their first operand).
+      const bool swap = dst == b && dst != a;
+      const std::size_t done = detail::reduce_f16c(fop, detail::f16_bits(dst), detail::f16_bits(swap ? b : a),
+                                                   detail::f16_bits(swap ? a : b), n);
+      dst += done;
+      a += done;
+      b += done;
+      n -= done;
+    }
+  }
+#endif
   auto run = [&]<reduce_op Op>() {
     if (dst == a) detail::reduce_inplace_loop<Op>(dst, b, n);
     else if (dst == b) detail::reduce_inplace_loop<Op>(dst, a, n); // all ops commute
@@ -125,11 +150,21 @@ inline void reduce_host(T* dst, const T* a, const T* b, std::size_t n, reduce_op
 
 /// Host: divides n elements in place by `divisor` (the world size) to finish an
 /// avg reduction. Integer types truncate (as ncclAvg); floats multiply by
-/// nothing else, f16/bf16 divide in f32 and round once.
+/// nothing else, f16/bf16 divide in f32 and round once (f16 on F16C+AVX where
+/// the CPU has them, same bits).
 template <element T>
 inline void divide_host(T* data, std::size_t n, std::size_t divisor) noexcept {
   if (divisor <= 1) return;
   using U = std::remove_cv_t<T>;
+#ifdef DPKIT_REDUCE_F16C
+  if constexpr (std::is_same_v<U, f16>) {
+    if (n >= 8 && detail::f16c_enabled()) {
+      const std::size_t done = detail::divide_f16c(detail::f16_bits(data), n, static_cast<float>(divisor));
+      data += done;
+      n -= done;
+    }
+  }
+#endif
   constexpr std::size_t B = detail::block_elems<U>;
   auto one = [divisor](U x) noexcept -> U {
     if constexpr (detail::is_half_v<U>) return U::from_bits(U::from_float(U::to_float(x.bits) / static_cast<float>(divisor)));
