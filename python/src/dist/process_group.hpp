@@ -281,12 +281,7 @@ private:
       // context switch and a contended mu_: perf, 2 pinned ranks, 8 B).
       busy_ = true;
       lk.unlock();
-      try {
-        std::visit([&](auto* p) { f(*p, o); }, comm());
-        future->markCompleted(c10::IValue(outputs));
-      } catch (...) {
-        future->setError(std::current_exception());
-      }
+      settle(*future, outputs, [&] { std::visit([&](auto* p) { f(*p, o); }, comm()); });
       lk.lock();
       busy_ = false;
       if (!queue_.empty() || stop_) cv_.notify_all();
@@ -300,13 +295,21 @@ private:
     return c10::make_intrusive<dpkit_work>(getRank(), type, future);
   }
 
-  void execute(task& t) {
+  /// Runs `run()` and settles `future` with its outcome: completed with
+  /// `outputs`, or failed with what `run` threw (the Work's wait rethrows
+  /// it). The one place an operation's result reaches torch, inline or queued.
+  template <class R>
+  static void settle(c10::ivalue::Future& future, const std::vector<at::Tensor>& outputs, R&& run) {
     try {
-      t.run(comm(), t.options);
-      t.future->markCompleted(c10::IValue(t.outputs));
+      run();
+      future.markCompleted(c10::IValue(outputs));
     } catch (...) {
-      t.future->setError(std::current_exception());
+      future.setError(std::current_exception());
     }
+  }
+
+  void execute(task& t) {
+    settle(*t.future, t.outputs, [&] { t.run(comm(), t.options); });
   }
 
   void work_loop() {
