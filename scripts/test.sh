@@ -81,9 +81,23 @@ for t in json.load(sys.stdin):
   meson test -C "$builddir" --print-errorlogs --num-processes 2 "${names[@]}"
   exit 0
 fi
+pybuild=
+if [ "$builddir" = build ]; then
+  # the Python package's build (pip install .: one libtorch translation unit
+  # of 2-3 minutes) runs beside the release build, on the cores the build's
+  # last jobs leave idle; its tests run after the suites
+  mkdir -p build-python
+  scripts/python_test.sh --install-only > build-python/install.log 2>&1 &
+  pybuild=$!
+fi
 ninja -C "$builddir"
+if [ -n "$pybuild" ] && ! wait "$pybuild"; then
+  cat build-python/install.log >&2
+  echo "test.sh: the Python package did not build (build-python/install.log)" >&2
+  exit 1
+fi
 meson test -C "$builddir" --print-errorlogs --num-processes 2 "${suites[@]}"
 if [ "$builddir" = build ]; then
-  # the Python package: pip install . and pytest (docs/python.md)
-  scripts/python_test.sh
+  # the Python package's tests: pytest, torch's suite (docs/python.md)
+  scripts/python_test.sh --no-install
 fi
