@@ -308,14 +308,17 @@ TEST_CASE("copy_nontemporal equals memcpy at every alignment and length around i
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 3);
   for (std::size_t from : {0u, 1u, 8u})
     for (std::size_t off : {0u, 1u, 15u, 16u, 33u})
-      for (std::size_t len : {0u, 1u, 15u, 16u, 63u, 64u, 65u, 127u, 200u, 900u}) {
-        CAPTURE(from);
-        CAPTURE(off);
-        CAPTURE(len);
-        std::fill(dst.begin(), dst.end(), static_cast<unsigned char>(0xAB));
-        ref = dst;
-        dpkit::detail::copy_nontemporal(dst.data() + off, src.data() + from, len);
-        std::memcpy(ref.data() + off, src.data() + from, len);
-        CHECK(dst == ref); // and nothing written outside [off, off + len)
-      }
+      for (std::size_t len : {0u, 1u, 15u, 16u, 63u, 64u, 65u, 127u, 200u, 900u})
+        for (bool fence : {true, false}) { // false: the caller fences once after its blocks
+          CAPTURE(from);
+          CAPTURE(off);
+          CAPTURE(len);
+          CAPTURE(fence);
+          std::fill(dst.begin(), dst.end(), static_cast<unsigned char>(0xAB));
+          ref = dst;
+          dpkit::detail::copy_nontemporal(dst.data() + off, src.data() + from, len, fence);
+          if (!fence) dpkit::detail::store_fence();
+          std::memcpy(ref.data() + off, src.data() + from, len);
+          CHECK(dst == ref); // and nothing written outside [off, off + len)
+        }
 }

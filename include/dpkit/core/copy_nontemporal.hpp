@@ -20,9 +20,12 @@ namespace dpkit::detail {
 
 /// dst = src for `bytes` bytes (the ranges must not overlap) with 16-byte
 /// non-temporal stores where the target has them (SSE2: every x86-64),
-/// memcpy elsewhere. Ends with a store fence, so a later release store (a
-/// published shm step) orders after the data as it does after memcpy.
-inline void copy_nontemporal(void* dst, const void* src, std::size_t bytes) noexcept {
+/// memcpy elsewhere. Ends with a store fence unless `fence` is false, so a
+/// later release store (a published shm step) orders after the data as it
+/// does after memcpy; a caller that copies many small blocks passes false and
+/// calls store_fence() once after the last (a fence drains the write-combining
+/// buffers: one per 16 KiB block stalls the loop).
+inline void copy_nontemporal(void* dst, const void* src, std::size_t bytes, bool fence = true) noexcept {
   if (bytes == 0) return; // (memcpy takes no null pointer, even for 0 bytes)
 #if defined(__SSE2__)
   auto* d = static_cast<unsigned char*>(dst);
@@ -41,17 +44,27 @@ inline void copy_nontemporal(void* dst, const void* src, std::size_t bytes) noex
     _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
     _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
   }
-  _mm_sfence();
+  if (fence) _mm_sfence();
   std::memcpy(d + i, s + i, bytes - i);
 #else
+  (void)fence;
   std::memcpy(dst, src, bytes);
+#endif
+}
+
+/// Orders every earlier non-temporal store of this thread before its later
+/// stores (sfence on x86; nothing elsewhere, where copy_nontemporal is
+/// memcpy): after copy_nontemporal(..., false), before the data is published.
+inline void store_fence() noexcept {
+#if defined(__SSE2__)
+  _mm_sfence();
 #endif
 }
 
 /// The message size (bytes) from which the shared-memory two-shot all-reduce
 /// writes its output (out of place) with non-temporal stores:
 /// DPKIT_SHM_NT_BYTES if set to a byte count (0: never), else `fallback`
-/// (core/algorithm.hpp: never). Read once per process; a malformed value is
+/// (core/algorithm.hpp: 8 MiB). Read once per process; a malformed value is
 /// ignored.
 inline std::size_t shm_nontemporal_min_bytes(std::size_t fallback) noexcept {
   static const long long from_env = [] {

@@ -58,13 +58,13 @@ void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T
   if (count == 0) return shm_zero_count_check(comm, seg, S, ctx);
   if (n == 1) return shm_single_rank(in, out, count);
   shm_steps<C> st(comm, seg, S, ctx);
-  // Two-shot may write a large output (out of place) with non-temporal
-  // stores: ordinary stores read each of its lines first. Off unless
-  // DPKIT_SHM_NT_BYTES says from what size (shm_nontemporal_min_bytes_default
-  // says why); in place the output's lines are cached by the reads before.
+  // Two-shot writes a large output (out of place, from
+  // shm_nontemporal_min_bytes_default or DPKIT_SHM_NT_BYTES) with
+  // non-temporal stores: ordinary stores read each of its lines first. In
+  // place the output's lines are cached by the reads before.
   const bool nt = in != out && count * sizeof(T) >= shm_nontemporal_min_bytes(shm_nontemporal_min_bytes_default);
   auto to_out = [nt](T* dst, const T* src, std::size_t len) {
-    if (nt) copy_nontemporal(static_cast<void*>(dst), static_cast<const void*>(src), len * sizeof(T));
+    if (nt) copy_nontemporal(static_cast<void*>(dst), static_cast<const void*>(src), len * sizeof(T), false);
     else std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), len * sizeof(T));
   };
   for (std::size_t off = 0; off < count; off += cap) {
@@ -99,11 +99,13 @@ void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T
           op);
       to_out(out + off + q, red + q, len);
     }
+    if (nt) store_fence(); // once per chunk, not per block
     st.step();
     for (int p = 0; p < n; ++p) {
       const auto [pb, pe] = chunk_range(m, n, p);
       if (p != r && pe > pb) to_out(out + off + pb, reinterpret_cast<const T*>(st.of(p, b2)) + pb, pe - pb);
     }
+    if (nt) store_fence();
   }
 }
 template <class C, tensor In, tensor Out>
