@@ -72,12 +72,12 @@ inline constexpr std::size_t shm_one_shot_max_bytes_default = 64u << 10;
 /// ahead in place from 512 KiB, level out of place from 2 MiB).
 inline constexpr std::size_t shm_one_shot_max_bytes_two_ranks_default = 256u << 10;
 /// Out-of-place messages from this many bytes have the shared-memory two-shot
-/// all-reduce write their output with non-temporal stores: by default never
-/// (DPKIT_SHM_NT_BYTES turns it on). On the 2-vCPU reference VM it was no
-/// faster out of place (0.88-1.56x the ordinary stores' time, 1 MiB-256 MiB)
-/// and slower in place, where the output's lines are already cached
-/// (benchmarks/results/2026-12-02-shm-nontemporal-output.md).
-inline constexpr std::size_t shm_nontemporal_min_bytes_default = static_cast<std::size_t>(-1);
+/// all-reduce write their output with non-temporal stores (DPKIT_SHM_NT_BYTES
+/// overrides it; 0: never). On the 2-vCPU reference VM (32 MiB L3), np 2,
+/// with one store fence per chunk: 14-18% faster out of place from 8 MiB
+/// (1.60-1.64x the memory floor against 1.88-1.97x), a tie at 4 MiB, slower
+/// at 2 MiB (benchmarks/results/2026-12-03-shm-nontemporal-fence.md).
+inline constexpr std::size_t shm_nontemporal_min_bytes_default = std::size_t{8} << 20;
 /// Messages up to this many bytes take the hierarchical all-reduce's
 /// small-message path (one shared-memory step, then the network; measured on
 /// the 2x2 emulated cluster, benchmarks/results/2026-11-26-cluster-fragments.md).
