@@ -99,12 +99,14 @@ void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T
           op);
       to_out(out + off + q, red + q, len);
     }
-    if (nt) store_fence(); // once per chunk, not per block
     st.step();
     for (int p = 0; p < n; ++p) {
       const auto [pb, pe] = chunk_range(m, n, p);
       if (p != r && pe > pb) to_out(out + off + pb, reinterpret_cast<const T*>(st.of(p, b2)) + pb, pe - pb);
     }
+    // out is this rank's alone (peers read red, written with ordinary
+    // stores): one fence per chunk, not per block, orders its non-temporal
+    // stores before whatever the caller stores next
     if (nt) store_fence();
   }
 }
