@@ -9,11 +9,13 @@
 #include <dpkit/dpkit.hpp>
 
 #include <array>
+#include <cstdint>
 #include <cstddef>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace dpkit_bench {
 
@@ -177,6 +179,26 @@ inline constexpr std::size_t inplace_result_offset(collective k, int rank, std::
   return k == collective::reduce_scatter ? static_cast<std::size_t>(rank) * count : 0;
 }
 
+/// One dpkit element type per element size (uint8, float16, uint32, uint64):
+/// what the data-movement collectives (all-gather, broadcast) are run on.
+/// They copy bytes and never look at a value, so T and bits_of<T> take the
+/// same path through dpkit's dispatcher (same element size, so the same
+/// chunks and segments), and the *_perf programs of those two instantiate
+/// four element types instead of ten (compile time).
+template <class T>
+using bits_of = std::conditional_t<
+    sizeof(T) == 1, std::uint8_t,
+    std::conditional_t<sizeof(T) == 2, dpkit::f16, std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>>;
+
+/// x's spans as bits_of<T> (same bytes, same counts).
+template <class T>
+op_args<bits_of<T>> as_bits(const op_args<T>& x) noexcept {
+  static_assert(sizeof(bits_of<T>) == sizeof(T) && alignof(bits_of<T>) >= alignof(T));
+  using U = bits_of<T>;
+  const auto cast = [](std::span<T> s) { return std::span<U>(reinterpret_cast<U*>(s.data()), s.size()); };
+  return op_args<U>{cast(x.in), cast(x.out), cast(x.buf), x.count, x.op, x.root, x.opts, x.in_place};
+}
+
 /// Runs collective K once with algorithm a on x (in place or not, as x says),
 /// through dpkit's dispatcher for that collective (dpkit::allreduce with
 /// allreduce_policy{a}, dpkit::reduce_scatter, allgather, broadcast, reduce
@@ -187,7 +209,7 @@ inline constexpr std::size_t inplace_result_offset(collective k, int rank, std::
 /// every element type and transport), not all five (a fifth of the compile
 /// time).
 template <collective K, class C, class T>
-void run_collective(C& comm, dpkit::algorithm a, const op_args<T>& x) {
+void run_collective_as(C& comm, dpkit::algorithm a, const op_args<T>& x) {
   const std::span<const T> in = x.in;
   if constexpr (K == collective::allreduce) {
     if (x.in_place) dpkit::allreduce(comm, x.buf, x.op, dpkit::allreduce_policy{.algo = a}, x.opts);
@@ -206,6 +228,14 @@ void run_collective(C& comm, dpkit::algorithm a, const op_args<T>& x) {
     if (x.in_place) dpkit::reduce(comm, x.buf, x.op, x.root, a, x.opts);
     else dpkit::reduce(comm, in, x.out, x.op, x.root, a, x.opts);
   }
+}
+
+/// run_collective_as, with all-gather and broadcast on bits_of<T> (see
+/// there): a float all-gather and a uint32 one are the same call.
+template <collective K, class C, class T>
+void run_collective(C& comm, dpkit::algorithm a, const op_args<T>& x) {
+  if constexpr (K == collective::allgather || K == collective::broadcast) run_collective_as<K>(comm, a, as_bits(x));
+  else run_collective_as<K>(comm, a, x);
 }
 
 } // namespace dpkit_bench
