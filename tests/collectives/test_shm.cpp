@@ -244,6 +244,53 @@ TEST_CASE("shm all-reduce of float data is the rank-order sum, bitwise identical
   }
 }
 
+TEST_CASE("shm two-shot with non-temporal, ordinary and tuned segment stores: the rank-order sum, on every rank") {
+  // 1 MiB buffers: chunks of segment_store_tuner::min_bytes are tuned; rank
+  // 0's kind (forced here) is followed by every rank from the next chunk
+  using dpkit::detail::segment_stores;
+  constexpr std::size_t buf = dpkit::detail::segment_store_tuner::min_bytes;
+  const std::size_t count = (5 * buf / 2) / sizeof(float) + 3; // two tuned chunks and an untuned tail
+  for (int n : {2, 3}) {
+    for (auto kind : {segment_stores::nontemporal, segment_stores::ordinary, segment_stores::automatic}) {
+      CAPTURE(n);
+      CAPTURE(static_cast<int>(kind));
+      std::vector<std::vector<float>> inputs(static_cast<std::size_t>(n));
+      std::mt19937 g(static_cast<unsigned>(n) + 7);
+      std::uniform_real_distribution<float> u(-1.f, 1.f);
+      for (auto& v : inputs) {
+        v.resize(count);
+        for (std::size_t i = 0; i < count; ++i) v[i] = u(g) * std::pow(10.f, static_cast<float>(i % 9) - 4.f);
+      }
+      std::vector<float> ref(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        float acc = inputs[0][i];
+        for (int p = 1; p < n; ++p) acc += inputs[static_cast<std::size_t>(p)][i];
+        ref[i] = acc;
+      }
+      dpkit::inproc_world world(n, nullptr, buf);
+      std::vector<int> wrong(static_cast<std::size_t>(n), -1), mode(static_cast<std::size_t>(n), -1);
+      world.run([&](dpkit::inproc& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        if (r == 0) comm.shm()->store_tuner().force(kind);
+        int bad = 0;
+        for (int round = 0; round < 3; ++round) {
+          std::vector<float> out(count, -7.f), inout = inputs[r];
+          dpkit::allreduce_shm_two_shot(comm, inputs[r], out);
+          dpkit::allreduce_shm_two_shot(comm, inout);
+          bad += std::memcmp(out.data(), ref.data(), count * sizeof(float)) != 0;
+          bad += std::memcmp(inout.data(), ref.data(), count * sizeof(float)) != 0;
+        }
+        wrong[r] = bad;
+        mode[r] = static_cast<int>(comm.shm()->control(0).store_mode.load());
+      });
+      for (int p = 0; p < n; ++p) CHECK(wrong[static_cast<std::size_t>(p)] == 0);
+      // the forced kinds really ran: rank 0 published them
+      if (kind == segment_stores::nontemporal) CHECK(mode[0] == 1);
+      if (kind == segment_stores::ordinary) CHECK(mode[0] == 0);
+    }
+  }
+}
+
 TEST_CASE("automatic all-reduce picks shm when the transport has a segment, and falls back without one") {
   for (std::size_t shm_bytes : {std::size_t{0}, std::size_t{4096}}) {
     dpkit::inproc_world world(3, nullptr, shm_bytes);

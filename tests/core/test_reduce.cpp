@@ -322,3 +322,61 @@ TEST_CASE("copy_nontemporal equals memcpy at every alignment and length around i
           CHECK(dst == ref); // and nothing written outside [off, off + len)
         }
 }
+
+TEST_CASE("segment_store_tuner: times both kinds, keeps the faster, explores the other, ignores outliers and small chunks") {
+  using dpkit::detail::segment_store_tuner;
+  using dpkit::detail::segment_stores;
+  constexpr std::size_t MiB = std::size_t{1} << 20, chunk = 4 * MiB;
+  constexpr std::uint64_t period = segment_store_tuner::explore_period;
+  // Feeds one tuned chunk: asks for the kind, records the time that kind
+  // takes now (seconds per chunk), returns the kind used.
+  auto run = [&](segment_store_tuner& t, double ordinary_s, double nontemporal_s) {
+    const bool nt = t.choose();
+    t.record(nt, chunk, nt ? nontemporal_s : ordinary_s);
+    return nt;
+  };
+  segment_store_tuner t;
+  // ordinary stores until two chunks are timed, then one non-temporal try
+  CHECK_FALSE(run(t, 1.0, 2.0));
+  CHECK_FALSE(run(t, 1.0, 2.0));
+  CHECK(run(t, 1.0, 2.0));
+  CHECK(t.seconds_per_byte(false) == doctest::Approx(1.0 / chunk));
+  CHECK(t.seconds_per_byte(true) == doctest::Approx(2.0 / chunk));
+  // fast phase (ordinary 1.0, non-temporal 2.0): ordinary, but for one
+  // chunk in explore_period
+  int nt_chunks = 0;
+  for (std::uint64_t i = 0; i < 4 * period; ++i) nt_chunks += run(t, 1.0, 2.0);
+  CHECK(nt_chunks == 4);
+  // slow phase (ordinary 3.0 now): non-temporal from the first explored
+  // chunk after the ordinary chunks' window has aged out, at most 2 periods
+  std::uint64_t switched_after = 0;
+  for (std::uint64_t i = 0; i < 3 * period && !switched_after; ++i)
+    if (run(t, 3.0, 2.0) && run(t, 3.0, 2.0)) switched_after = i + 1; // two in a row: not an exploration
+  CHECK(switched_after > 0);
+  CHECK(switched_after <= 2 * period);
+  nt_chunks = 0;
+  for (std::uint64_t i = 0; i < 4 * period; ++i) nt_chunks += run(t, 3.0, 2.0);
+  CHECK(nt_chunks == static_cast<int>(4 * period - 4)); // the ordinary explorations
+  // one slow non-temporal chunk (interference) does not flip the choice
+  segment_store_tuner o;
+  CHECK_FALSE(run(o, 3.0, 2.0));
+  CHECK_FALSE(run(o, 3.0, 2.0));
+  CHECK(run(o, 3.0, 2.0));
+  CHECK(o.choose());
+  o.record(true, chunk, 50.0);
+  CHECK(o.choose());
+  // within the margin (0.9): ordinary stores are kept
+  segment_store_tuner m;
+  for (int i = 0; i < 2 * static_cast<int>(period); ++i) run(m, 1.0, 0.95);
+  CHECK_FALSE(m.choose());
+  // chunks under min_bytes and non-positive times are not recorded
+  segment_store_tuner s;
+  s.record(false, segment_store_tuner::min_bytes - 1, 1.0);
+  s.record(false, chunk, 0.0);
+  CHECK(s.seconds_per_byte(false) == 0.0);
+  // force() fixes the kind
+  s.force(segment_stores::nontemporal);
+  CHECK(s.choose());
+  s.force(segment_stores::ordinary);
+  for (int i = 0; i < 3; ++i) CHECK_FALSE(run(s, 3.0, 1.0));
+}

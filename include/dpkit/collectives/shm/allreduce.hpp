@@ -29,6 +29,8 @@
 #include "../../core/copy_nontemporal.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <optional>
 
@@ -67,6 +69,14 @@ void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T
     if (nt) copy_nontemporal(static_cast<void*>(dst), static_cast<const void*>(src), len * sizeof(T), false);
     else std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), len * sizeof(T));
   };
+  // What the peers read from the segment: ordinary or non-temporal stores,
+  // chosen per chunk by rank 0's tuner from the chunks' times (the faster
+  // kind depends on how the cores pass lines now: segment_store_tuner). Rank
+  // 0 publishes the next chunk's kind in its control line before the chunk's
+  // second step; every rank reads it when the chunk starts (rank 0 cannot
+  // publish again before every peer's first step of that chunk).
+  segment_store_tuner& tuner = seg.store_tuner();
+  std::atomic<std::uint32_t>& store_mode = seg.control(0).store_mode;
   for (std::size_t off = 0; off < count; off += cap) {
     const std::size_t m = std::min(cap, count - off);
     const int b = st.next_buffer();
@@ -76,12 +86,19 @@ void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T
       shm_reduce_ranks<T>(out + off, [&](int p) { return reinterpret_cast<const T*>(st.of(p, b)); }, n, m, op);
       continue;
     }
+    const std::size_t chunk_bytes = m * sizeof(T);
+    const bool tuned = chunk_bytes >= segment_store_tuner::min_bytes;
+    const bool seg_nt = tuned && store_mode.load(std::memory_order_acquire) != 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto to_seg = [seg_nt](T* dst, const T* src, std::size_t len) {
+      if (seg_nt) copy_nontemporal(static_cast<void*>(dst), static_cast<const void*>(src), len * sizeof(T), false);
+      else std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), len * sizeof(T));
+    };
     for (int p = 0; p < n; ++p) {
       const auto [pb, pe] = chunk_range(m, n, p);
-      if (p != r && pe > pb)
-        std::memcpy(static_cast<void*>(reinterpret_cast<T*>(st.mine(b)) + pb), static_cast<const void*>(in + off + pb),
-                    (pe - pb) * sizeof(T));
+      if (p != r && pe > pb) to_seg(reinterpret_cast<T*>(st.mine(b)) + pb, in + off + pb, pe - pb);
     }
+    if (seg_nt) store_fence();
     st.step();
     const auto own = chunk_range(m, n, r); // no structured binding: clang 14 cannot capture one
     const std::size_t sb = own.first, se = own.second;
@@ -92,22 +109,31 @@ void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T
     const int b2 = st.next_buffer();
     T* red = reinterpret_cast<T*>(st.mine(b2));
     constexpr std::size_t block = std::max<std::size_t>(1, (std::size_t{16} << 10) / sizeof(T));
+    // with non-temporal segment stores a block is reduced into tmp (L1),
+    // then streamed to red and copied to out
+    alignas(64) std::byte tmp_bytes[block * sizeof(T)];
+    T* tmp = reinterpret_cast<T*>(tmp_bytes);
     for (std::size_t q = sb; q < se; q += block) {
       const std::size_t len = std::min(block, se - q);
+      T* dst = seg_nt ? tmp : red + q;
       shm_reduce_ranks<T>(
-          red + q, [&](int p) { return p == r ? in + off + q : reinterpret_cast<const T*>(st.of(p, b)) + q; }, n, len,
+          dst, [&](int p) { return p == r ? in + off + q : reinterpret_cast<const T*>(st.of(p, b)) + q; }, n, len,
           op);
-      to_out(out + off + q, red + q, len);
+      if (seg_nt) to_seg(red + q, dst, len);
+      to_out(out + off + q, dst, len);
     }
+    if (seg_nt) store_fence();
+    if (r == 0 && tuned) store_mode.store(tuner.choose() ? 1u : 0u, std::memory_order_relaxed); // the step releases it
     st.step();
     for (int p = 0; p < n; ++p) {
       const auto [pb, pe] = chunk_range(m, n, p);
       if (p != r && pe > pb) to_out(out + off + pb, reinterpret_cast<const T*>(st.of(p, b2)) + pb, pe - pb);
     }
-    // out is this rank's alone (peers read red, written with ordinary
-    // stores): one fence per chunk, not per block, orders its non-temporal
-    // stores before whatever the caller stores next
+    // out is this rank's alone: one fence per chunk, not per block, orders
+    // its non-temporal stores before whatever the caller stores next
     if (nt) store_fence();
+    if (r == 0 && tuned)
+      tuner.record(seg_nt, chunk_bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 }
 template <class C, tensor In, tensor Out>

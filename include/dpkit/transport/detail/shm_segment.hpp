@@ -9,6 +9,7 @@
 // protocol. Not for users.
 #pragma once
 
+#include "../../core/copy_nontemporal.hpp"
 #include "../../core/errors.hpp"
 #include "health.hpp"
 
@@ -60,7 +61,10 @@ struct alignas(64) shm_control {
   char pad0[48];
   std::atomic<std::uint32_t> abort{0}; // shm_abort_failure | shm_abort_close bits, set by any rank
   std::atomic<std::uint32_t> left{0};  // 1 once this rank closed its transport cleanly
-  char pad1[56];
+  // rank 0's only: 1 when the two-shot all-reduce's next chunk writes the
+  // segment with non-temporal stores (segment_store_tuner), set before a step
+  std::atomic<std::uint32_t> store_mode{0};
+  char pad1[52];
   std::atomic<std::uint64_t> fp_version{0};
   std::atomic<std::uint64_t> fp_words[shm_fp_words]{};
 };
@@ -170,6 +174,10 @@ public:
   int size() const noexcept { return static_cast<int>(bases_.size()); }
   /// Capacity of one data buffer in bytes (a multiple of 64).
   std::size_t slot_bytes() const noexcept { return slot_bytes_; }
+  /// This rank's chooser of how the two-shot all-reduce writes its buffers
+  /// (rank-local, not in the segment; rank 0's decides for all and publishes
+  /// in its control line's store_mode; one shm collective at a time uses it).
+  segment_store_tuner& store_tuner() const noexcept { return store_tuner_; }
   /// Rank p's control line.
   shm_control& control(int p) const noexcept { return *reinterpret_cast<shm_control*>(bases_[static_cast<std::size_t>(p)]); }
   /// Rank p's data buffer b (0 or 1).
@@ -191,6 +199,7 @@ public:
     control(rank_).abort.store(0, std::memory_order_relaxed);
     control(rank_).left.store(0, std::memory_order_relaxed);
     control(rank_).fp_version.store(0, std::memory_order_relaxed);
+    control(rank_).store_mode.store(0, std::memory_order_relaxed);
   }
   /// Sets every rank's abort word (`why`: shm_abort_failure, a collective on
   /// this segment failed, the default; shm_abort_close, this rank closed its
@@ -273,6 +282,7 @@ public:
 private:
   int rank_ = 0;
   std::vector<std::byte*> bases_;
+  mutable segment_store_tuner store_tuner_;
   std::size_t slot_bytes_ = 0;
   std::atomic<bool> busy_{false};
 };
