@@ -116,7 +116,7 @@ inline segment_stores segment_stores_from_env() noexcept {
 /// first chunks run cold. Ordinary stores run until two chunks are timed,
 /// then one chunk tries non-temporal ones; after that every
 /// explore_period-th chunk uses the kind not chosen (a phase change is seen
-/// within explore_period chunks: 8 times per 256 MiB all-reduce of 4 MiB
+/// within explore_period chunks: twice per 256 MiB all-reduce of 4 MiB
 /// chunks), the others the faster kind, where non-temporal stores must be
 /// faster by a margin (nontemporal_margin). force() or DPKIT_SHM_SEG_NT (on
 /// rank 0) fixes the kind (measurement, tests). Not thread-safe: one shm

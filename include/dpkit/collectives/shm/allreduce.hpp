@@ -65,10 +65,13 @@ void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T
   // non-temporal stores: ordinary stores read each of its lines first. In
   // place the output's lines are cached by the reads before.
   const bool nt = in != out && count * sizeof(T) >= shm_nontemporal_min_bytes(shm_nontemporal_min_bytes_default);
-  auto to_out = [nt](T* dst, const T* src, std::size_t len) {
-    if (nt) copy_nontemporal(static_cast<void*>(dst), static_cast<const void*>(src), len * sizeof(T), false);
+  // len elements, with non-temporal stores (unfenced: one fence per chunk
+  // below) or memcpy
+  auto copy = [](T* dst, const T* src, std::size_t len, bool nontemporal) {
+    if (nontemporal) copy_nontemporal(static_cast<void*>(dst), static_cast<const void*>(src), len * sizeof(T), false);
     else std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), len * sizeof(T));
   };
+  auto to_out = [&](T* dst, const T* src, std::size_t len) { copy(dst, src, len, nt); };
   // What the peers read from the segment: ordinary or non-temporal stores,
   // chosen per chunk by rank 0's tuner from the chunks' times (the faster
   // kind depends on how the cores pass lines now: segment_store_tuner). Rank
@@ -90,10 +93,7 @@ void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T
     const bool tuned = chunk_bytes >= segment_store_tuner::min_bytes;
     const bool seg_nt = tuned && store_mode.load(std::memory_order_acquire) != 0;
     const auto t0 = std::chrono::steady_clock::now();
-    auto to_seg = [seg_nt](T* dst, const T* src, std::size_t len) {
-      if (seg_nt) copy_nontemporal(static_cast<void*>(dst), static_cast<const void*>(src), len * sizeof(T), false);
-      else std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), len * sizeof(T));
-    };
+    auto to_seg = [&](T* dst, const T* src, std::size_t len) { copy(dst, src, len, seg_nt); };
     for (int p = 0; p < n; ++p) {
       const auto [pb, pe] = chunk_range(m, n, p);
       if (p != r && pe > pb) to_seg(reinterpret_cast<T*>(st.mine(b)) + pb, in + off + pb, pe - pb);
