@@ -1369,3 +1369,11 @@ private:
 };
 
 } // namespace dpkit
+
+// -DDPKIT_EXTERN_TEMPLATES: the collective algorithm bodies for this
+// transport are compiled in one TU of the program, not here
+// (extern_templates.hpp says how and why).
+#ifdef DPKIT_EXTERN_TEMPLATES
+#include "../extern_templates.hpp"
+DPKIT_INSTANTIATE_COLLECTIVES(extern, ::dpkit::gloo_transport)
+#endif
