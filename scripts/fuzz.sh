@@ -10,7 +10,9 @@
 # Needs Debian's clang-14 and libclang-rt-14-dev (the libFuzzer runtime) and
 # libsimdjson-dev. Environment: CXX (default clang++-14), FUZZ_WORKDIR
 # (default a fresh mktemp -d), FUZZ_JOBS (parallel fuzzing jobs per harness,
-# default 1).
+# default 1). The harnesses build and run at the same time, each on a core of
+# its own (libFuzzer runs one job on one thread), their output in
+# <work>/<harness>.log, printed as each ends; SECONDS is still per harness.
 set -euo pipefail
 
 seconds=${1:-60}
@@ -23,9 +25,10 @@ mkdir -p "$work"
 command -v "$cxx" >/dev/null || { echo "fuzz.sh: $cxx not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 2; }
 simdjson_flags=$(pkg-config --cflags --libs simdjson 2>/dev/null || echo -lsimdjson)
 
-status=0
-for harness in fuzz_index_file fuzz_jsonl_content; do
-  exe="$work/$harness"
+# fuzz_one HARNESS: build it, fuzz it for SECONDS; non-zero on a finding
+fuzz_one() {
+  local harness=$1
+  local exe="$work/$harness"
   echo "== building $harness"
   # shellcheck disable=SC2086
   "$cxx" -std=c++20 -O1 -g -fno-omit-frame-pointer \
@@ -50,9 +53,21 @@ for harness in fuzz_index_file fuzz_jsonl_content; do
   if compgen -G "$work/$harness-*" >/dev/null; then failed=1; fi # crash-, leak-, timeout-, oom- reproducers
   if [ $failed -ne 0 ]; then
     echo "fuzz.sh: $harness FAILED; reproducers: $(ls "$work"/$harness-* 2>/dev/null || echo none)" >&2
-    status=1
+    return 1
   else
     echo "== $harness: no finding in ${seconds}s"
   fi
+}
+
+harnesses=(fuzz_index_file fuzz_jsonl_content)
+pids=()
+for harness in "${harnesses[@]}"; do
+  fuzz_one "$harness" > "$work/$harness.log" 2>&1 &
+  pids+=($!)
+done
+status=0
+for i in "${!harnesses[@]}"; do
+  wait "${pids[$i]}" || status=1
+  cat "$work/${harnesses[$i]}.log"
 done
 exit $status
