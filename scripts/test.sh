@@ -7,22 +7,8 @@
 #   scripts/test.sh --sanitize   clang-14 -Db_sanitize=address,undefined build in build-asan/
 #   scripts/test.sh --tsan       clang-14 ThreadSanitizer build in build-tsan/ of the
 #                                threaded suites (inproc collectives, fusion; no MPI)
-#   scripts/test.sh --sanitize --build-only, --tsan --build-only
-#                                that build alone, no tests (.ci/run builds them
-#                                beside the release suite)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build_only=0
-if [ "${1:-}" = "--build-only" ]; then
-  echo "test.sh: --build-only goes after --sanitize or --tsan" >&2; exit 2
-elif [ "${2:-}" = "--build-only" ]; then
-  case "${1:-}" in
-    --sanitize | --tsan) build_only=1 ;;
-    *) echo "test.sh: --build-only goes with --sanitize or --tsan" >&2; exit 2 ;;
-  esac
-elif [ -n "${2:-}" ]; then
-  echo "test.sh: unknown argument ${2}" >&2; exit 2
-fi
 scripts/deps.sh
 . scripts/env.sh
 builddir=build
@@ -94,7 +80,6 @@ for t in json.load(sys.stdin):
     targets+=("${line#* }")
   done
   ninja -C "$builddir" "${targets[@]#$PWD/$builddir/}"
-  [ "$build_only" = 1 ] && exit 0
   meson test -C "$builddir" --print-errorlogs --num-processes 2 "${names[@]}"
   exit 0
 fi
@@ -108,7 +93,6 @@ if [ "$builddir" = build ]; then
   pybuild=$!
 fi
 ninja -C "$builddir"
-[ "$build_only" = 1 ] && exit 0
 if [ -n "$pybuild" ] && ! wait "$pybuild"; then
   cat build-python/install.log >&2
   echo "test.sh: the Python package did not build (build-python/install.log)" >&2
