@@ -1,5 +1,5 @@
 // reduce_perf: nccl-tests' reduce_perf for dpkit (tree, native = MPI_Reduce,
 // auto). busbw = algbw. -r root (default 0; -1: every root in turn).
-#include "bench.hpp"
+#include "bench_main.hpp"
 
 int main(int argc, char** argv) { return dpkit_bench::bench_main<dpkit_bench::collective::reduce>(argc, argv); }

@@ -4,6 +4,8 @@
 // See docs/benchmarks.md.
 #pragma once
 
+#include "bench_main.hpp"
+
 #include <dpkit/dpkit.hpp>
 
 #include <CLI/CLI.hpp>
@@ -20,9 +22,6 @@
 #include <vector>
 
 namespace dpkit_bench {
-
-/// The five collectives the *_perf programs measure.
-enum class collective { allreduce, reduce_scatter, allgather, broadcast, reduce };
 
 /// The transport a run measures: MPI ranks (under mpirun), ranks as
 /// threads of one process (-t N, or a build without MPI), or processes
