@@ -7,9 +7,9 @@
 //   int main(int argc, char** argv) { return dpkit_bench::bench_main<dpkit_bench::collective::allreduce>(argc, argv); }
 // Why: the harness (CLI11 options, the MPI, in-process and Gloo runners, the
 // launch without mpirun, tuning, reports) is most of each program's compile
-// time, and the five programs compiled it five times: GCC 12 -O3,
-// allreduce_perf.cpp alone took 117 s of CPU, all five bench_main<K> in one
-// TU 236 s (benchmarks/results/2026-12-03-ci-time-cuts.md).
+// time, and the five programs compiled it five times: GCC 12 -O3, 89-119 s
+// of CPU each, 517 s for the five, against 306 s for the two TUs here
+// (benchmarks/results/2026-12-03-ci-time-cuts.md).
 #pragma once
 
 namespace dpkit_bench {
