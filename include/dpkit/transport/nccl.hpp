@@ -146,6 +146,37 @@ struct nccl_options {
 };
 
 namespace detail {
+/// How a thread waits for the GPU or NCCL between polls: it yields (stays
+/// runnable) for the first 2 ms of a wait, then sleeps 1/64 of the time
+/// waited so far (at most 1 ms), so completion is seen within about a
+/// microsecond of it in the first 2 ms and within about 2% (plus the
+/// kernel's timer slack, ~50 us) after. A fixed count of yields followed by
+/// fixed 5 us sleeps, as before, made every wait longer than ~60 us late by
+/// up to one sleep, which Linux rounds up to ~55 us: on an H200 a one-rank
+/// native all-reduce of 128 MiB took 130 us where ncclAllReduce took 66 us
+/// (benchmarks/results/2026-12-04-gpu-h200-device-check.md). The
+/// spinning matches what CUDA does for a blocking synchronize on a machine
+/// with more cores than GPUs (cudaDeviceScheduleAuto spins).
+class poll_backoff {
+public:
+  /// Yield-only phase of a wait, from its first poll.
+  static constexpr std::chrono::microseconds spin_window{2000};
+  /// Longest sleep between two polls.
+  static constexpr std::chrono::microseconds max_sleep{1000};
+  /// Call after each unsuccessful poll.
+  void pause() {
+    const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - start_);
+    if (waited < spin_window) {
+      std::this_thread::yield();
+      return;
+    }
+    std::this_thread::sleep_for(std::min(waited / 64, max_sleep));
+  }
+
+private:
+  clock::time_point start_ = clock::now();
+};
+
 /// Completes a call on a non-blocking NCCL communicator c: when r is
 /// ncclInProgress, polls ncclCommGetAsyncError(c) until the communicator
 /// leaves that state or deadline d passes (timeout_error naming `what`);
@@ -153,7 +184,7 @@ namespace detail {
 /// nccl_check. The caller aborts the communicator when this throws.
 inline void nccl_settle(ncclComm_t c, ncclResult_t r, deadline d, const std::string& what) {
   if (r != ncclInProgress) return nccl_check(r, what);
-  for (unsigned spin = 0;; ++spin) {
+  for (poll_backoff backoff;; backoff.pause()) {
     ncclResult_t ar = ncclInProgress;
     const ncclResult_t q = ncclCommGetAsyncError(c, &ar);
     if (q != ncclSuccess || (ar != ncclSuccess && ar != ncclInProgress))
@@ -162,8 +193,6 @@ inline void nccl_settle(ncclComm_t c, ncclResult_t r, deadline d, const std::str
     if (clock::now() >= d)
       throw timeout_error(what + ": not complete before its deadline (a rank that never called it?); "
                                  "the communicator was aborted");
-    if (spin < 64) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(spin < 1024 ? 10 : 200));
   }
 }
 
@@ -242,7 +271,7 @@ struct nccl_state {
   }
   /// Polls event ev until it completes; past d aborts and throws timeout_error.
   void wait_event(cudaEvent_t ev, ncclComm_t c, deadline d, const std::string& what) {
-    for (unsigned spin = 0;; ++spin) {
+    for (detail::poll_backoff backoff;; backoff.pause()) {
       const cudaError_t e = cudaEventQuery(ev);
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) cuda_check(e, prefix() + what + ": cudaEventQuery");
@@ -252,8 +281,6 @@ struct nccl_state {
         abort();
         throw timeout_error(prefix() + what + " did not complete before its deadline; NCCL communicators aborted");
       }
-      if (spin < 64) std::this_thread::yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(spin < 1024 ? 5 : 50));
     }
   }
 
