@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <new>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -273,6 +275,108 @@ TEST_CASE("gradient_reducer: rebuild_buckets gives identical plans on all ranks 
     }
     CHECK(orders[0] != orders[1]); // local orders really differed
   }
+}
+
+// A host_allocator that records what it hands out (the bucket buffers must
+// come from it, stay inside its blocks, and all go back to it).
+struct recording_allocator {
+  std::mutex mu;
+  std::map<std::uintptr_t, std::size_t> live; // address -> bytes
+  std::size_t allocations = 0, frees = 0, bad_frees = 0;
+  dpkit::host_allocator make() {
+    return {[this](std::size_t n) -> void* {
+              void* p = ::operator new(n, std::align_val_t{64});
+              std::lock_guard lk(mu);
+              live[reinterpret_cast<std::uintptr_t>(p)] = n;
+              ++allocations;
+              return p;
+            },
+            [this](void* p, std::size_t n) {
+              {
+                std::lock_guard lk(mu);
+                auto it = live.find(reinterpret_cast<std::uintptr_t>(p));
+                if (it == live.end() || it->second != n) ++bad_frees;
+                else live.erase(it);
+                ++frees;
+              }
+              ::operator delete(p, std::align_val_t{64});
+            }};
+  }
+  bool owns(const std::byte* p, std::size_t n) {
+    std::lock_guard lk(mu);
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    auto it = live.upper_bound(a);
+    if (it == live.begin()) return false;
+    --it;
+    return a >= it->first && a + n <= it->first + it->second;
+  }
+};
+
+TEST_CASE("gradient_reducer: host_allocator supplies every bucket buffer, before and after a rebuild") {
+  for (int world : {1, 3}) {
+    CAPTURE(world);
+    failures f;
+    std::vector<recording_allocator> allocs(static_cast<std::size_t>(world));
+    std::vector<std::size_t> buckets_before(allocs.size()), buckets_after(allocs.size());
+    dpkit::inproc_world w(world);
+    w.run([&](inproc& c) {
+      const auto rk = static_cast<std::size_t>(c.rank());
+      auto& a = allocs[rk];
+      const auto spec = ft::scaled(dpkit::load_model_spec(ft::model_path("bert-base-uncased")), 1000);
+      auto grads = ft::make_grads(spec), ref = ft::make_grads(spec);
+      {
+        gradient_reducer<inproc> red(c, ft::refs(grads), small_opts(), spec.names(), a.make());
+        buckets_before[rk] = red.plan().size();
+        if (a.allocations != red.plan().size()) f.add("allocations != buckets at construction");
+        for (std::size_t i = 0; i < grads.size(); ++i) {
+          auto b = red.bucket_bytes(i);
+          if (!a.owns(b.data(), b.size())) f.add("parameter " + std::to_string(i) + "'s slot is not in an allocation");
+        }
+        for (int step = 0; step < 2; ++step) {
+          ft::fill(grads, c.rank(), step);
+          ft::fill(ref, c.rank(), step);
+          for (auto i : random_order(grads.size(), static_cast<unsigned>(c.rank() + 5 + step))) red.mark_ready(i);
+          red.finish();
+          ft::per_tensor_allreduce(c, ref, dpkit::reduce_op::avg);
+          if (ft::first_mismatch(grads, ref) >= 0) f.add("wrong result, step " + std::to_string(step));
+          if (step == 0) {
+            const std::size_t before = a.allocations;
+            if (!red.rebuild_buckets()) f.add("rebuild returned false");
+            buckets_after[rk] = red.plan().size();
+            if (a.allocations != before + red.plan().size()) f.add("a rebuild did not allocate its buckets");
+            if (a.frees != before) f.add("a rebuild did not free the old buckets");
+            for (std::size_t i = 0; i < grads.size(); ++i) {
+              auto b = red.bucket_bytes(i);
+              if (!a.owns(b.data(), b.size())) f.add("after rebuild, a slot is not in an allocation");
+            }
+          }
+        }
+      }
+      if (!a.live.empty() || a.bad_frees || a.frees != a.allocations)
+        f.add("not every buffer went back: " + std::to_string(a.live.size()) + " live, " +
+              std::to_string(a.bad_frees) + " bad frees");
+    });
+    CHECK_MESSAGE(f.msgs.empty(), f.all());
+    CHECK(buckets_before[0] > 1);
+    CHECK(buckets_after[0] > 1);
+  }
+}
+
+TEST_CASE("gradient_reducer: a host_allocator's null or misaligned block is an invalid_argument") {
+  const std::vector<param_info> params{{4096, element_type::f32, dpkit::memory_space::host}};
+  std::size_t freed = 0;
+  alignas(64) static std::byte arena[4096 + 64];
+  dpkit::host_allocator null_alloc{[](std::size_t) -> void* { return nullptr; }, [](void*, std::size_t) {}};
+  dpkit::host_allocator odd_alloc{[](std::size_t) -> void* { return arena + 8; },
+                                  [&freed](void* p, std::size_t) { freed += p == arena + 8; }};
+  dpkit::inproc_world w(1);
+  w.run([&](inproc& c) {
+    CHECK_THROWS_WITH_AS((gradient_reducer<inproc>(c, params, {}, {}, null_alloc)),
+                         doctest::Contains("host_allocator returned null for 4096 bytes"), dpkit::invalid_argument);
+    CHECK_THROWS_WITH_AS((gradient_reducer<inproc>(c, params, {}, {}, odd_alloc)),
+                         doctest::Contains("not 64-byte aligned (8 bytes past)"), dpkit::invalid_argument);
+  });
+  CHECK(freed == 1); // the misaligned block went back to its allocator
 }
 
 TEST_CASE("gradient_reducer: f16/bf16 compression error within the 16-bit type's bound") {

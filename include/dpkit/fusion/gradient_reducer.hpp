@@ -48,6 +48,7 @@
 #include <exception>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <new>
 #include <ostream>
 #include <span>
@@ -81,6 +82,25 @@ inline constexpr std::string_view gradient_compression_name(gradient_compression
 inline std::ostream& operator<<(std::ostream& os, gradient_compression c) {
   return os << gradient_compression_name(c);
 }
+
+/// Where a gradient_reducer gets its host bucket buffers (default, empty
+/// functions: 64-byte aligned operator new). A framework whose gradients live
+/// on a GPU passes page-locked ("pinned") host memory here, so that its
+/// copies between device gradients and the buckets run at the DMA engine's
+/// speed instead of through the driver's pageable staging (on an H200, 474
+/// MiB of GPT-2 gradients staged both ways: benchmarks/fusion_device_perf
+/// (d) and (e)). dpkit::distributed_data_parallel does so for CUDA
+/// parameters with torch's pinned allocator.
+struct host_allocator {
+  /// Returns `bytes` (> 0) writable bytes, 64-byte aligned, or throws; a
+  /// null or misaligned result is rejected with dpkit::invalid_argument.
+  std::function<void*(std::size_t bytes)> allocate;
+  /// Frees what allocate returned (called with the same byte count); must
+  /// not throw.
+  std::function<void(void* p, std::size_t bytes)> deallocate;
+  /// True when both functions are set.
+  explicit operator bool() const noexcept { return allocate && deallocate; }
+};
 
 /// Options of a gradient_reducer (regular aggregate; compares and prints).
 /// Every rank must pass equal options (the plan check catches differing
@@ -172,19 +192,38 @@ struct gradient_ref {
 
 namespace detail {
 
-// 64-byte aligned raw storage (vector-friendly bucket buffers).
+// 64-byte aligned raw storage (vector-friendly bucket buffers), from
+// operator new or from a host_allocator (kept alive by a shared_ptr).
 class aligned_bytes {
 public:
   aligned_bytes() = default;
   explicit aligned_bytes(std::size_t n) : n_(n) {
     if (n) p_ = static_cast<std::byte*>(::operator new(n, std::align_val_t{64}));
   }
-  aligned_bytes(aligned_bytes&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  aligned_bytes(std::size_t n, std::shared_ptr<const host_allocator> a, const std::string& what) : n_(n) {
+    if (!a || !*a || n == 0) {
+      if (n) p_ = static_cast<std::byte*>(::operator new(n, std::align_val_t{64}));
+      return;
+    }
+    void* p = a->allocate(n);
+    if (!p) throw invalid_argument(what + "host_allocator returned null for " + std::to_string(n) + " bytes");
+    if (reinterpret_cast<std::uintptr_t>(p) % 64 != 0) {
+      a->deallocate(p, n);
+      throw invalid_argument(what + "host_allocator returned an address that is not 64-byte aligned (" +
+                             std::to_string(reinterpret_cast<std::uintptr_t>(p) % 64) + " bytes past) for " +
+                             std::to_string(n) + " bytes");
+    }
+    p_ = static_cast<std::byte*>(p);
+    alloc_ = std::move(a);
+  }
+  aligned_bytes(aligned_bytes&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), alloc_(std::move(o.alloc_)) {}
   aligned_bytes& operator=(aligned_bytes&& o) noexcept {
     if (this != &o) {
       release();
       p_ = std::exchange(o.p_, nullptr);
       n_ = std::exchange(o.n_, 0);
+      alloc_ = std::move(o.alloc_);
     }
     return *this;
   }
@@ -196,11 +235,16 @@ public:
 
 private:
   void release() noexcept {
-    if (p_) ::operator delete(p_, std::align_val_t{64});
+    if (p_) {
+      if (alloc_) alloc_->deallocate(p_, n_);
+      else ::operator delete(p_, std::align_val_t{64});
+    }
     p_ = nullptr;
+    alloc_.reset();
   }
   std::byte* p_ = nullptr;
   std::size_t n_ = 0;
+  std::shared_ptr<const host_allocator> alloc_;
 };
 
 // dst[i] += src[i] for `count` elements of type t (host).
@@ -254,14 +298,19 @@ public:
   /// reducer (same parameters and options) at the same point.
   /// @param names optional parameter names (registration order) for error
   ///        messages; empty or one per parameter.
+  /// @param buffers where the host bucket buffers come from (also after a
+  ///        bucket rebuild); empty: operator new. Need not be equal on every
+  ///        rank.
   /// @throws dpkit::invalid_argument for a device-memory parameter, a size
   ///         that is not a multiple of the element size, names of the wrong
-  ///         length, or when ranks disagree on the parameters or the bucket
-  ///         plan (naming the first differing parameter index) - thrown on
-  ///         every rank, never a hang.
+  ///         length, a null or misaligned allocation from `buffers`, or when
+  ///         ranks disagree on the parameters or the bucket plan (naming the
+  ///         first differing parameter index) - thrown on every rank, never a
+  ///         hang. What buffers.allocate throws passes through.
   gradient_reducer(C& comm, std::vector<param_info> params, const reducer_options& options = {},
-                   std::vector<std::string> names = {})
-      : comm_(comm), opt_(options), params_(std::move(params)), names_(std::move(names)) {
+                   std::vector<std::string> names = {}, host_allocator buffers = {})
+      : comm_(comm), opt_(options), params_(std::move(params)), names_(std::move(names)),
+        alloc_(buffers ? std::make_shared<const host_allocator>(std::move(buffers)) : nullptr) {
     init();
   }
 
@@ -270,8 +319,9 @@ public:
   /// finish() writes the results back into grads[i]. The tensors must stay
   /// valid while the reducer uses them. Otherwise as the other constructor.
   gradient_reducer(C& comm, std::vector<gradient_ref> grads, const reducer_options& options = {},
-                   std::vector<std::string> names = {})
-      : comm_(comm), opt_(options), names_(std::move(names)), grads_(std::move(grads)) {
+                   std::vector<std::string> names = {}, host_allocator buffers = {})
+      : comm_(comm), opt_(options), names_(std::move(names)), grads_(std::move(grads)),
+        alloc_(buffers ? std::make_shared<const host_allocator>(std::move(buffers)) : nullptr) {
     params_.reserve(grads_.size());
     for (const auto& g : grads_) params_.push_back(g.info());
     init();
@@ -544,7 +594,7 @@ private:
         loc_[i] = {b, off};
         off += params_[i].bytes;
       }
-      bufs_.emplace_back(bk.bytes);
+      bufs_.emplace_back(bk.bytes, alloc_, prefix("gradient_reducer"));
       if (bk.bytes) std::memset(bufs_.back().data(), 0, bk.bytes);
       max_elems = std::max(max_elems, bk.bytes / element_size(bk.type));
     }
@@ -793,6 +843,7 @@ private:
   std::vector<param_info> params_;
   std::vector<std::string> names_;
   std::vector<gradient_ref> grads_;
+  std::shared_ptr<const host_allocator> alloc_; // bucket buffers' source (null: operator new)
   bucket_plan plan_;
   std::vector<locator> loc_;
   std::vector<detail::aligned_bytes> bufs_;
