@@ -29,8 +29,13 @@
 //   (d) host-staged: dpkit::gradient_reducer (host buckets, over an inproc
 //       world of the same number of ranks) fed by a device-to-host copy of
 //       every gradient and written back host to device: what
-//       dpkit::distributed_data_parallel does for CUDA parameters today.
-//       "copies" is the part of (d) spent in those copies.
+//       dpkit::distributed_data_parallel does for CUDA parameters with
+//       pinned_buckets = false. "copies" is the part of (d) spent in those
+//       copies;
+//   (e) host-staged, pinned: (d) with the reducer's buckets in page-locked
+//       memory (a host_allocator over cudaHostAlloc) and the copies back
+//       enqueued together with one synchronize: what distributed_data_parallel
+//       does for CUDA parameters by default.
 // Every rank's f32 gradients start as 0.25 x (rank + 1) (other element types
 // as 0); afterwards every element must be their mean, exact in float: the
 // program says how many are not and fails if any.
@@ -166,7 +171,7 @@ void allreduce_raw(C& comm, void* p, std::size_t count, dpkit::element_type t, c
   });
 }
 
-enum mode { m_per_tensor, m_flat, m_bucketed, m_staged, m_staged_copies, nmodes };
+enum mode { m_per_tensor, m_flat, m_bucketed, m_staged, m_staged_copies, m_pinned, m_pinned_copies, nmodes };
 
 // times[rank][mode][timed iteration], seconds
 using time_table = std::vector<std::vector<std::vector<double>>>;
@@ -224,11 +229,14 @@ void measure_device(C& comm, int rank, rank_state& st, const dpkit::model_spec& 
   });
 }
 
-// Mode (d) on rank `rank` of a host inproc world: gradient_reducer with host
-// buckets, device gradients copied in and out as distributed_data_parallel
-// does for CUDA parameters (one synchronous copy per gradient each way).
+// Modes (d) and (e) on rank `rank` of a host inproc world: gradient_reducer
+// with host buckets, device gradients copied in and out as
+// distributed_data_parallel does for CUDA parameters: one synchronous copy
+// per gradient into the buckets; back, one synchronous copy per gradient
+// from pageable buckets (d), or all enqueued and one synchronize from pinned
+// ones (e).
 void measure_staged(dpkit::inproc& comm, rank_state& st, const dpkit::model_spec& spec, const config& c,
-                    time_table& times) {
+                    time_table& times, bool pinned) {
   const int rank = comm.rank();
   const std::size_t n = spec.params.size();
   const cudaStream_t s = cudaStreamPerThread;
@@ -237,7 +245,15 @@ void measure_staged(dpkit::inproc& comm, rank_state& st, const dpkit::model_spec
   ro.buckets.bucket_cap_bytes = static_cast<std::size_t>(c.cap_mib * (1 << 20));
   ro.gradient_as_bucket_view = true;
   ro.compute_stats = true;
-  dpkit::gradient_reducer<dpkit::inproc> red(comm, spec.param_infos(), ro, spec.names());
+  dpkit::host_allocator buffers;
+  if (pinned)
+    buffers = {[](std::size_t bytes) -> void* {
+                 void* p = nullptr;
+                 DPKIT_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+                 return p;
+               },
+               [](void* p, std::size_t) { (void)cudaFreeHost(p); }};
+  dpkit::gradient_reducer<dpkit::inproc> red(comm, spec.param_infos(), ro, spec.names(), std::move(buffers));
   auto& tt = times[static_cast<std::size_t>(rank)];
   for (int it = 0; it < c.warmup + c.iters; ++it) {
     dpkit::barrier(comm);
@@ -256,13 +272,14 @@ void measure_staged(dpkit::inproc& comm, rank_state& st, const dpkit::model_spec
     for (std::size_t i = 0; i < n; ++i) {
       auto b = red.bucket_bytes(i);
       DPKIT_CUDA_CHECK(cudaMemcpyAsync(st.grads[i].data(), b.data(), b.size(), cudaMemcpyHostToDevice, s));
+      if (!pinned) DPKIT_CUDA_CHECK(cudaStreamSynchronize(s));
     }
     DPKIT_CUDA_CHECK(cudaStreamSynchronize(s));
     const auto t1 = clk::now();
     copies += secs(c1, t1);
     if (it >= c.warmup) {
-      tt[m_staged].push_back(secs(t0, t1));
-      tt[m_staged_copies].push_back(copies);
+      tt[pinned ? m_pinned : m_staged].push_back(secs(t0, t1));
+      tt[pinned ? m_pinned_copies : m_staged_copies].push_back(copies);
     }
   }
 }
@@ -349,7 +366,8 @@ int run(const config& c) {
     dpkit::inproc_world host(nr); // host memory only: the reducer's buckets
     host.run([&](dpkit::inproc& comm) {
       DPKIT_CUDA_CHECK(cudaSetDevice(c.device));
-      measure_staged(comm, st[static_cast<std::size_t>(comm.rank())], spec, c, times);
+      measure_staged(comm, st[static_cast<std::size_t>(comm.rank())], spec, c, times, false);
+      measure_staged(comm, st[static_cast<std::size_t>(comm.rank())], spec, c, times, true);
     });
   }
 
@@ -363,18 +381,21 @@ int run(const config& c) {
   }
 
   const double a = median_ms(times, m_per_tensor), b = median_ms(times, m_flat), cc = median_ms(times, m_bucketed),
-               d = median_ms(times, m_staged), dc = median_ms(times, m_staged_copies);
+               d = median_ms(times, m_staged), dc = median_ms(times, m_staged_copies),
+               e = median_ms(times, m_pinned), ec = median_ms(times, m_pinned_copies);
   std::printf("#\n  (a) per-tensor all-reduce (%zu calls)              %10.2f ms\n", n, a);
   std::printf("  (b) one flat all-reduce                            %10.2f ms\n", b);
   std::printf("  (c) bucketed on the device (%zu buckets)            %10.2f ms   c/b %.2f   a/c %.2f\n", plan.size(),
               cc, b > 0 ? cc / b : 0.0, cc > 0 ? a / cc : 0.0);
-  std::printf("  (d) host-staged gradient_reducer (DDP, CUDA today) %10.2f ms   d/c %.2f   copies %.2f ms\n", d,
+  std::printf("  (d) host-staged gradient_reducer, pageable         %10.2f ms   d/c %.2f   copies %.2f ms\n", d,
               cc > 0 ? d / cc : 0.0, dc);
+  std::printf("  (e) host-staged gradient_reducer, pinned (DDP)     %10.2f ms   e/c %.2f   copies %.2f ms   d/e %.2f\n",
+              e, cc > 0 ? e / cc : 0.0, ec, e > 0 ? d / e : 0.0);
   std::printf("# elements not equal to the mean: %llu %s; run time %.1f s\n", wrong, wrong ? "FAILED" : "OK",
               secs(t_start, clk::now()));
-  std::printf("# key: %d rank%s %s: per-tensor %.2f ms, flat %.2f, bucketed %.2f, host-staged %.2f (copies %.2f); "
-              "wrong %llu\n",
-              nr, nr == 1 ? "" : "s", c.algo.c_str(), a, b, cc, d, dc, wrong);
+  std::printf("# key: %d rank%s %s: per-tensor %.2f ms, flat %.2f, bucketed %.2f, host-staged %.2f (copies %.2f), "
+              "pinned %.2f (copies %.2f); wrong %llu\n",
+              nr, nr == 1 ? "" : "s", c.algo.c_str(), a, b, cc, d, dc, e, ec, wrong);
   return wrong ? 1 : 0;
 }
 

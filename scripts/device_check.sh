@@ -26,7 +26,8 @@
 #                       on the CPU; per-step losses must agree within 1e-3 (relative) and the ranks' parameters
 #                       be bitwise equal
 #   torch_lm_overhead   the same program on one GPU, 50 steps: libtorch's own step against dpkit's DDP
-#                       (world size 1) for torch_lm's model (2 x 128) and a larger one (6 x 512)
+#                       (world size 1; pinned host buckets, its default, and pageable ones) for torch_lm's
+#                       model (2 x 128) and a larger one (6 x 512)
 #   gpu_kernels         tests/gpu/test_kernels.cu: every op x type x length, bitwise against the host
 #   gpu_inproc_device   tests/gpu/test_inproc_device.cu: ring/tree/... on 2-8 ranks on one GPU
 # The torch steps need a Python whose torch has CUDA (found without importing
@@ -539,29 +540,33 @@ run_torch_lm_overhead() {
   need torch_ddp_cuda || { add_row $step "$need_status" 0 "$need_why"; return; }
   t0=$(date +%s)
   : > "$out/$step.log"
-  local size label none="" dp="" ms ran=0 ddp nl nd nh
+  local size label none="" dp="" pg="" ms ran=0 ddp nl nd nh
   for size in "2 128 4" "6 512 8"; do
     read -r nl nd nh <<< "$size"
     label="${nl}x$nd"
-    for ddp in none dpkit; do
+    # dpkit: DDP with its default pinned buckets; pageable: --pinned-buckets 0
+    for ddp in none dpkit pageable; do
       lim=$(step_timeout 90)
       [ "$lim" -gt 0 ] || { key="$key time budget spent before $label $ddp;"; break 2; }
-      local launch=()
-      [ $ddp = dpkit ] && launch=(--rendezvous "tcp://127.0.0.1:$port" --rank 0 --world-size 1) && port=$((port + 1))
+      local launch=() mode=$ddp
+      [ $ddp = pageable ] && mode=dpkit launch=(--pinned-buckets 0)
+      [ $mode = dpkit ] && launch+=(--rendezvous "tcp://127.0.0.1:$port" --rank 0 --world-size 1) && port=$((port + 1))
       echo "== $label, ddp $ddp" >> "$out/$step.log"
-      timeout -k 5 "$lim" "$(bin_of torch_ddp_cuda)" --device "$gpu_device" --ddp $ddp --steps $ovh_steps --warmup $ovh_warmup \
+      timeout -k 5 "$lim" "$(bin_of torch_ddp_cuda)" --device "$gpu_device" --ddp $mode --steps $ovh_steps --warmup $ovh_warmup \
         --layers "$nl" --d-model "$nd" --heads "$nh" "${launch[@]}" >> "$out/$step.log" 2>&1
       rc=$?
       if [ $rc = 77 ]; then add_row $step "SKIP(77)" $(( $(date +%s) - t0 )) "$(grep -m1 'no CUDA device' "$out/$step.log")"; return; fi
       if [ $rc != 0 ]; then status=FAIL; key="$key $label $ddp: $(why_of_rc $rc "$lim");"; continue; fi
       device_found=1 ran=1
       ms=$(grep '^# summary:' "$out/$step.log" | tail -1 | sed -n 's/.*median_step_ms=\([0-9.]*\).*/\1/p')
-      if [ $ddp = none ]; then none=$ms; else dp=$ms; fi
+      case $ddp in none) none=$ms ;; dpkit) dp=$ms ;; pageable) pg=$ms ;; esac
     done
     if [ -n "$none" ] && [ -n "$dp" ]; then
-      key="$key $label: torch $none ms/step, dpkit DDP $dp ms ($(awk -v a="$dp" -v b="$none" 'BEGIN{printf "x%.2f", a/b}'));"
+      key="$key $label: torch $none ms/step, dpkit DDP $dp ms ($(awk -v a="$dp" -v b="$none" 'BEGIN{printf "x%.2f", a/b}'))"
+      [ -n "$pg" ] && key="$key, pageable buckets $pg ms ($(awk -v a="$pg" -v b="$none" 'BEGIN{printf "x%.2f", a/b}'))"
+      key="$key;"
     fi
-    none="" dp=""
+    none="" dp="" pg=""
   done
   [ "$status" = PASS ] && [ "$ran" = 0 ] && status=NOT-RUN
   add_row $step $status $(( $(date +%s) - t0 )) "${key# }"

@@ -66,6 +66,7 @@ struct args {
   std::int64_t steps = 20, warmup = 5, batch = 8, seq = 64;
   std::int64_t layers = 2, d_model = 128, heads = 4, vocab = 8000;
   double lr = 1e-3, bucket_cap_mb = 25.0;
+  bool pinned_buckets = true; // ddp_options::pinned_buckets
   std::uint64_t seed = 1234;
   std::string loss_log;
   dpkit::launch_flags launch;
@@ -75,7 +76,7 @@ struct args {
   std::fprintf(stderr,
                "usage: torch_ddp_cuda [--device cuda|cpu] [--ddp dpkit|none] [--optim adam|sgd] [--steps 20]\n"
                "         [--warmup 5] [--batch 8] [--seq 64] [--layers 2] [--d-model 128] [--heads 4] [--vocab 8000]\n"
-               "         [--lr 1e-3] [--bucket-cap-mb 25] [--seed 1234] [--loss-log FILE]\n"
+               "         [--lr 1e-3] [--bucket-cap-mb 25] [--pinned-buckets 1|0] [--seed 1234] [--loss-log FILE]\n"
                "         [--rendezvous URL --rank R --world-size W]  (or torch's env:// variables)\n");
   std::exit(2);
 }
@@ -99,6 +100,7 @@ args parse(int argc, char** argv) {
     else if (k == "--vocab") a.vocab = std::atoll(v.c_str());
     else if (k == "--lr") a.lr = std::atof(v.c_str());
     else if (k == "--bucket-cap-mb") a.bucket_cap_mb = std::atof(v.c_str());
+    else if (k == "--pinned-buckets" && (v == "0" || v == "1")) a.pinned_buckets = v == "1";
     else if (k == "--seed") a.seed = std::strtoull(v.c_str(), nullptr, 10);
     else if (k == "--loss-log") a.loss_log = v;
     else if (k == "--rendezvous") a.launch.rendezvous = v;
@@ -194,6 +196,7 @@ int train(const args& a, C* comm) {
   if (comm) {
     dpkit::ddp_options o;
     o.bucket_cap_mb = a.bucket_cap_mb;
+    o.pinned_buckets = a.pinned_buckets;
     ddp = std::make_unique<dpkit::distributed_data_parallel<C>>(model, *comm, o); // broadcasts rank 0's weights
   }
   std::unique_ptr<torch::optim::Optimizer> opt;
@@ -205,10 +208,10 @@ int train(const args& a, C* comm) {
   std::FILE* log = nullptr;
   if (rank == 0) {
     std::printf("# torch_ddp_cuda: device %s, ddp %s, world %d, %zu parameters (%.1f MiB f32), %lld layers x %lld, "
-                "batch %lld x %lld tokens per rank, %s lr %g, torch %s\n",
+                "batch %lld x %lld tokens per rank, %s lr %g, pinned buckets %d, torch %s\n",
                 dev.str().c_str(), a.ddp.c_str(), world, nparams, static_cast<double>(nparams) * 4 / (1 << 20),
                 static_cast<long long>(a.layers), static_cast<long long>(a.d_model), static_cast<long long>(a.batch),
-                static_cast<long long>(a.seq), a.optim.c_str(), a.lr, TORCH_VERSION);
+                static_cast<long long>(a.seq), a.optim.c_str(), a.lr, a.pinned_buckets ? 1 : 0, TORCH_VERSION);
     if (!a.loss_log.empty() && !(log = std::fopen(a.loss_log.c_str(), "w")))
       throw dpkit::error("cannot write " + a.loss_log);
     std::fflush(stdout);

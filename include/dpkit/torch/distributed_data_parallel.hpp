@@ -60,8 +60,10 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -103,6 +105,14 @@ struct ddp_options {
   /// with backward; false, inside the gradient hook that makes the bucket
   /// ready, on the backward thread (for ranks that outnumber cores).
   bool comm_thread = true;
+  /// With CUDA parameters: the host buckets they are staged through are
+  /// page-locked (torch's pinned host allocator), so the copies between the
+  /// GPU and the buckets run at DMA speed, and finish() copies the results
+  /// back asynchronously with one synchronize per device. false: pageable
+  /// buckets and one blocking copy per gradient each way (measured side by
+  /// side on an H200: benchmarks/results/2026-12-04-gpu-h200-device-check.md).
+  /// No effect on CPU parameters.
+  bool pinned_buckets = true;
   /// The two-speed sync ("small sync inside a node often, large sync
   /// between nodes rarely"): with k > 1 every step averages the gradients
   /// over this rank's node only (reducer_options::node_local: torch's
@@ -253,7 +263,11 @@ public:
       averager_ = std::make_unique<periodic_model_averager<C>>(comm_, opt_.inter_node_every, 0, opt_.algorithm,
                                                                opt_.collective);
     }
-    reducer_ = std::make_unique<gradient_reducer<C>>(comm_, std::move(infos), ro, names_);
+    host_allocator buffers;
+    for (const auto& p : params_)
+      if (p.device().is_cuda()) cuda_devices_.insert(p.device().index());
+    if (opt_.pinned_buckets && !cuda_devices_.empty()) buffers = pinned_allocator();
+    reducer_ = std::make_unique<gradient_reducer<C>>(comm_, std::move(infos), ro, names_, std::move(buffers));
     ready_.assign(params_.size(), 0);
     state_->owner = this;
     install_hooks();
@@ -390,11 +404,15 @@ public:
         if (opt_.gradient_as_bucket_view) {
           if (!g.defined() || g.data_ptr() != static_cast<void*>(reducer_->bucket_bytes(i).data())) g = slot(i);
         } else if (!g.defined()) {
-          g = slot(i).to(params_[i].device(), /*non_blocking=*/false, /*copy=*/true);
+          g = slot(i).to(params_[i].device(), /*non_blocking=*/pinned_, /*copy=*/true);
         } else {
-          g.copy_(slot(i));
+          g.copy_(slot(i), /*non_blocking=*/pinned_ && g.is_cuda());
         }
       }
+      // the asynchronous copies out of the pinned buckets are complete
+      // before the caller steps (and before the next backward writes the buckets)
+      if (pinned_)
+        for (const auto d : cuda_devices_) torch::cuda::synchronize(d);
     }
     res.synchronized = r.synchronized;
     res.all_finite = r.all_finite;
@@ -469,6 +487,23 @@ private:
     at::Tensor h = t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
     torch_broadcast(comm_, h, 0, opt_.collective);
     at::Tensor(t).copy_(h);
+  }
+
+  // Page-locked host memory from torch's pinned allocator for the reducer's
+  // buckets (each block 64-byte aligned inside a pinned byte tensor, which
+  // this allocator keeps alive until the reducer frees the block).
+  host_allocator pinned_allocator() {
+    pinned_ = true;
+    auto blocks = std::make_shared<std::map<void*, at::Tensor>>();
+    return {[blocks](std::size_t bytes) -> void* {
+              at::Tensor t = at::empty({static_cast<std::int64_t>(bytes + 64)},
+                                       at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+              auto a = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+              void* p = reinterpret_cast<void*>((a + 63) / 64 * 64);
+              (*blocks)[p] = std::move(t);
+              return p;
+            },
+            [blocks](void* p, std::size_t) { blocks->erase(p); }};
   }
 
   // Parameter i's bucket slice as a CPU tensor of the parameter's shape.
@@ -599,6 +634,8 @@ private:
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
   std::unique_ptr<gradient_reducer<C>> reducer_;
+  std::set<c10::DeviceIndex> cuda_devices_; // the devices of CUDA parameters
+  bool pinned_ = false;                     // the buckets are pinned (pinned_allocator)
   std::unique_ptr<periodic_model_averager<C>> averager_; // inter_node_every > 1
   // what torch::autograd::impl::grad_accumulator returns: std::shared_ptr<Node>
   // in torch 1.13, c10::intrusive_ptr<Node> in torch 2.15
