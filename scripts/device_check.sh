@@ -521,12 +521,15 @@ run_ddp_two_procs() {
     add_row $step FAIL $(( $(date +%s) - t0 )) "cpu ranks: exit $rcs; $(grep -h 'torch_ddp_cuda' "$out"/ddp_cpu.[01].log | head -1)"
     return
   fi
-  # per-step mean losses: largest relative difference, GPU against CPU
+  # per-step mean losses and gradient norms (DDP's compute_stats: on the GPU from the CUDA
+  # gradients, in the host reducer on the CPU): largest relative difference, GPU against CPU
   key=$(paste "$out/ddp_cuda.loss" "$out/ddp_cpu.loss" | awk -v tol=$tol '
-    { d = $2 - $4; if (d < 0) d = -d; r = d / ($4 > 0 ? $4 : -$4); if (r > m) { m = r; at = $1 } n++
-      if (n == 1) first = $2; last = $2; lastc = $4 }
-    END { printf "%d steps, loss %.4f -> %.4f (cpu %.4f), max |gpu-cpu|/cpu %.2e at step %d (tol %g); %s",
-          n, first, last, lastc, m, at, tol, (n > 0 && m <= tol) ? "OK" : "TOO FAR" }')
+    function rel(a, b,   d) { d = a - b; if (d < 0) d = -d; return d / (b > 0 ? b : -b) }
+    { r = rel($2, $5); if (r > m) { m = r; at = $1 } n++
+      g = ($3 == "nan" || $6 == "nan" || $6 == 0) ? 1e9 : rel($3, $6); if (g > gm) { gm = g; gat = $1 }
+      if (n == 1) first = $2; last = $2; lastc = $5 }
+    END { printf "%d steps, loss %.4f -> %.4f (cpu %.4f), max |gpu-cpu|/cpu %.2e at step %d, grad_norm %.2e at step %d (tol %g); %s",
+          n, first, last, lastc, m, at, gm, gat, tol, (n > 0 && m <= tol && gm <= tol) ? "OK" : "TOO FAR" }')
   status=PASS
   [[ $key == *"OK" ]] || status=FAIL
   [ "$(wc -l < "$out/ddp_cuda.loss")" = 20 ] || { status=FAIL; key="$key; expected 20 loss lines"; }

@@ -21,8 +21,9 @@
 // Weights: torch::manual_seed(seed), built on the CPU, then moved to the
 // device, so both runs start from the same weights (DDP broadcasts rank 0's).
 //
-// Output (rank 0): "step S loss L" lines (mean over ranks, %.9g) on stdout
-// and in --loss-log; then one line
+// Output (rank 0): "step S loss L grad_norm G" lines (L the mean over
+// ranks, G the norm of the averaged gradient from ddp_step_result, nan with
+// --ddp none; %.9g) on stdout, "S L G" in --loss-log; then one line
 //   # summary: device=cuda ddp=dpkit world=2 steps=20 timed=15 median_step_ms=... mean_step_ms=...
 //     median_exposed_ms=... params=... buckets=... param_hash=...
 // Steps before --warmup are left out of the times. After the last step every
@@ -48,6 +49,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -226,8 +228,12 @@ int train(const args& a, C* comm) {
     opt->zero_grad();
     auto loss = loss_of(model, rows);
     loss.backward();
-    double exposed = 0;
-    if (ddp) exposed = ddp->finish().exposed_seconds;
+    double exposed = 0, norm = std::numeric_limits<double>::quiet_NaN();
+    if (ddp) {
+      const auto r = ddp->finish();
+      exposed = r.exposed_seconds;
+      norm = r.grad_norm; // the averaged gradient's norm (on the GPU for CUDA parameters)
+    }
     opt->step();
     if (cuda) torch::cuda::synchronize();
     const double dt = std::chrono::duration<double>(clk::now() - t0).count();
@@ -243,8 +249,8 @@ int train(const args& a, C* comm) {
       for (double x : all) l += x / world;
     }
     if (rank == 0) {
-      std::printf("step %lld loss %.9g\n", static_cast<long long>(step), l);
-      if (log) std::fprintf(log, "%lld %.9g\n", static_cast<long long>(step), l);
+      std::printf("step %lld loss %.9g grad_norm %.9g\n", static_cast<long long>(step), l, norm);
+      if (log) std::fprintf(log, "%lld %.9g %.9g\n", static_cast<long long>(step), l, norm);
     }
   }
   if (log) std::fclose(log);

@@ -60,6 +60,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -99,6 +100,11 @@ struct ddp_options {
   bool rebuild_buckets = true;
   /// Compute all_finite and the global gradient norm in the reduction (one
   /// read pass per bucket on the communication thread, no communication).
+  /// When every parameter is a CUDA tensor they are computed on the GPU
+  /// instead, from the averaged gradients after finish() wrote them back
+  /// (one norm per gradient, accumulated in double, as the host pass): the
+  /// host pass over the staged buckets cost more than the copies (an H200,
+  /// benchmarks/results/2026-12-04-gpu-h200-device-check.md).
   bool compute_stats = true;
   /// Where each bucket's all-reduce runs (reducer_options::comm_thread):
   /// true (DDP's way), on the transport's communication thread, overlapped
@@ -264,8 +270,13 @@ public:
                                                                opt_.collective);
     }
     host_allocator buffers;
-    for (const auto& p : params_)
+    bool all_cuda = !params_.empty();
+    for (const auto& p : params_) {
       if (p.device().is_cuda()) cuda_devices_.insert(p.device().index());
+      else all_cuda = false;
+    }
+    device_stats_ = opt_.compute_stats && all_cuda;
+    if (device_stats_) ro.compute_stats = false; // computed by gradient_stats() on the GPU
     if (opt_.pinned_buckets && !cuda_devices_.empty()) buffers = pinned_allocator();
     reducer_ = std::make_unique<gradient_reducer<C>>(comm_, std::move(infos), ro, names_, std::move(buffers));
     ready_.assign(params_.size(), 0);
@@ -417,6 +428,7 @@ public:
     res.synchronized = r.synchronized;
     res.all_finite = r.all_finite;
     res.grad_norm = r.grad_norm;
+    if (device_stats_ && r.synchronized) gradient_stats(res);
     res.backward_end = any_hook_ ? last_hook_ : called;
     res.compute_end = any_hook_ && compute_end_ > last_hook_ ? compute_end_ : res.backward_end;
     res.ready = clock::now();
@@ -487,6 +499,26 @@ private:
     at::Tensor h = t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
     torch_broadcast(comm_, h, 0, opt_.collective);
     at::Tensor(t).copy_(h);
+  }
+
+  // all_finite and grad_norm from the (averaged, written back) CUDA
+  // gradients, as the reducer's compute_stats defines them: the L2 norm over
+  // every parameter accumulated in double; a NaN or Inf element makes the
+  // sum of squares non-finite (a finite float squared cannot overflow a
+  // double), which is !all_finite, and then grad_norm is NaN.
+  void gradient_stats(ddp_step_result& res) {
+    torch::NoGradGuard no_grad;
+    std::map<c10::DeviceIndex, std::vector<at::Tensor>> sq; // per device: each gradient's squared norm
+    for (const auto& p : params_) {
+      const at::Tensor& g = p.grad();
+      if (!g.defined() || g.numel() == 0) continue;
+      sq[g.device().index()].push_back(
+          at::linalg_vector_norm(g, 2, c10::nullopt, /*keepdim=*/false, at::kDouble).square());
+    }
+    double total = 0;
+    for (auto& [dev, v] : sq) total += at::stack(v).sum().item().toDouble();
+    res.all_finite = std::isfinite(total);
+    res.grad_norm = res.all_finite ? std::sqrt(total) : std::numeric_limits<double>::quiet_NaN();
   }
 
   // Page-locked host memory from torch's pinned allocator for the reducer's
@@ -636,6 +668,7 @@ private:
   std::unique_ptr<gradient_reducer<C>> reducer_;
   std::set<c10::DeviceIndex> cuda_devices_; // the devices of CUDA parameters
   bool pinned_ = false;                     // the buckets are pinned (pinned_allocator)
+  bool device_stats_ = false;               // compute_stats on the GPU (gradient_stats)
   std::unique_ptr<periodic_model_averager<C>> averager_; // inter_node_every > 1
   // what torch::autograd::impl::grad_accumulator returns: std::shared_ptr<Node>
   // in torch 1.13, c10::intrusive_ptr<Node> in torch 2.15
