@@ -23,7 +23,7 @@
 #                       flat, bucketed on the device, host-staged gradient_reducer; 1 rank (NCCL) and 2 (inproc)
 #   ddp_two_procs       tests/gpu/torch_ddp_cuda.cpp: 2 processes on the one GPU launched through a tcp://
 #                       store (no mpirun), dpkit's DDP on CUDA tensors (host-staged), 20 SGD steps; the same
-#                       on the CPU; per-step losses must agree within 1e-3 (relative) and the ranks' parameters
+#                       on the CPU; per-step losses and gradient norms must agree within 1e-3 (relative) and the ranks' parameters
 #                       be bitwise equal
 #   torch_lm_overhead   the same program on one GPU, 50 steps: libtorch's own step against dpkit's DDP
 #                       (world size 1; pinned host buckets, its default, and pageable ones) for torch_lm's
