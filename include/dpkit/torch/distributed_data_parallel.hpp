@@ -113,10 +113,8 @@ struct ddp_options {
   bool comm_thread = true;
   /// With CUDA parameters: the host buckets they are staged through are
   /// page-locked (torch's pinned host allocator), so the copies between the
-  /// GPU and the buckets run at DMA speed; the gradient hooks copy in
-  /// asynchronously and wait once per bucket (at its last gradient, before
-  /// its all-reduce starts), and finish() copies the results back
-  /// asynchronously with one synchronize per device. false: pageable
+  /// GPU and the buckets run at DMA speed, and finish() copies the results
+  /// back asynchronously with one synchronize per device. false: pageable
   /// buckets and one blocking copy per gradient each way (measured side by
   /// side on an H200: benchmarks/results/2026-12-04-gpu-h200-device-check.md).
   /// No effect on CPU parameters.
@@ -379,9 +377,6 @@ public:
     const auto called = clock::now();
     ddp_step_result res;
     if (no_sync_) return res;
-    // the asynchronous copies of buckets not yet complete (unused parameters
-    // are marked below, and a failed step is discarded) have landed
-    if (pinned_ && any_hook_) synchronize_devices();
     if (averager_ && averager_->step() != static_cast<long long>(synchronized_steps_)) {
       discard_step();
       throw invalid_argument(prefix("finish") + "inter_node_every " + std::to_string(opt_.inter_node_every) +
@@ -427,7 +422,8 @@ public:
       }
       // the asynchronous copies out of the pinned buckets are complete
       // before the caller steps (and before the next backward writes the buckets)
-      if (pinned_) synchronize_devices();
+      if (pinned_)
+        for (const auto d : cuda_devices_) torch::cuda::synchronize(d);
     }
     res.synchronized = r.synchronized;
     res.all_finite = r.all_finite;
@@ -505,19 +501,6 @@ private:
     at::Tensor(t).copy_(h);
   }
 
-  // Waits for everything queued on the CUDA parameters' devices.
-  void synchronize_devices() {
-    for (const auto d : cuda_devices_) torch::cuda::synchronize(d);
-  }
-
-  // At a step's first gradient hook (pinned buckets): how many gradients of
-  // each bucket of the current plan are still to be copied in.
-  void count_bucket_copies() {
-    const auto& buckets = reducer_->plan().buckets;
-    bucket_copies_left_.resize(buckets.size());
-    for (std::size_t b = 0; b < buckets.size(); ++b) bucket_copies_left_[b] = buckets[b].params.size();
-  }
-
   // all_finite and grad_norm from the (averaged, written back) CUDA
   // gradients, as the reducer's compute_stats defines them: the L2 norm over
   // every parameter accumulated in double; a NaN or Inf element makes the
@@ -586,22 +569,17 @@ private:
                     "the prior iteration before starting a new one\"); call finish() after every backward, or "
                     "accumulate inside no_sync()");
       at::Tensor& g = params_[i].mutable_grad();
-      if (pinned_ && !any_hook_) count_bucket_copies();
       if (g.defined()) {
         at::Tensor s = slot(i);
         if (g.data_ptr() != s.data_ptr()) {
           if (g.is_sparse()) throw invalid_argument(prefix("backward") + "sparse gradient of '" + names_[i] + "'");
-          // into pinned buckets asynchronously: the bucket's last gradient waits for them all
-          s.copy_(g, /*non_blocking=*/pinned_ && g.is_cuda());
+          s.copy_(g);
           if (opt_.gradient_as_bucket_view) g = s;
         }
       } else {
         auto bytes = reducer_->bucket_bytes(i);
         if (!bytes.empty()) std::memset(bytes.data(), 0, bytes.size());
       }
-      // a bucket is all-reduced (on the communication thread) once its last
-      // gradient is marked: its copies from the GPU must have landed by then
-      if (pinned_ && --bucket_copies_left_[reducer_->locate(i).first] == 0) synchronize_devices();
       // taken before mark_ready: with comm_thread = false the bucket's
       // all-reduce runs inside it, and it is not hidden by backward
       last_hook_ = std::chrono::steady_clock::now();
@@ -691,7 +669,6 @@ private:
   std::set<c10::DeviceIndex> cuda_devices_; // the devices of CUDA parameters
   bool pinned_ = false;                     // the buckets are pinned (pinned_allocator)
   bool device_stats_ = false;               // compute_stats on the GPU (gradient_stats)
-  std::vector<std::size_t> bucket_copies_left_; // pinned: per bucket, gradients not yet copied this step
   std::unique_ptr<periodic_model_averager<C>> averager_; // inter_node_every > 1
   // what torch::autograd::impl::grad_accumulator returns: std::shared_ptr<Node>
   // in torch 1.13, c10::intrusive_ptr<Node> in torch 2.15
