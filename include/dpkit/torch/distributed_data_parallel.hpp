@@ -39,8 +39,10 @@
 /// unused on every rank gets a zero gradient instead of staying undefined;
 /// buffers are broadcast at construction and by sync_buffers() (torch:
 /// before every forward). CUDA parameters are staged through host buckets
-/// (dpkit::mpi and dpkit::inproc move host memory); gradient_as_bucket_view
-/// needs CPU parameters.
+/// (dpkit::mpi and dpkit::inproc move host memory), page-locked unless
+/// ddp_options::pinned_buckets is false, and with every parameter on CUDA
+/// compute_stats runs on the GPU; gradient_as_bucket_view needs CPU
+/// parameters.
 #pragma once
 
 #include "../core/errors.hpp"
