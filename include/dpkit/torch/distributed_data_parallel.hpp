@@ -279,7 +279,8 @@ public:
     }
     device_stats_ = opt_.compute_stats && all_cuda;
     if (device_stats_) ro.compute_stats = false; // computed by gradient_stats() on the GPU
-    if (opt_.pinned_buckets && !cuda_devices_.empty()) buffers = pinned_allocator();
+    pinned_ = opt_.pinned_buckets && !cuda_devices_.empty();
+    if (pinned_) buffers = pinned_allocator();
     reducer_ = std::make_unique<gradient_reducer<C>>(comm_, std::move(infos), ro, names_, std::move(buffers));
     ready_.assign(params_.size(), 0);
     state_->owner = this;
@@ -526,8 +527,7 @@ private:
   // Page-locked host memory from torch's pinned allocator for the reducer's
   // buckets (each block 64-byte aligned inside a pinned byte tensor, which
   // this allocator keeps alive until the reducer frees the block).
-  host_allocator pinned_allocator() {
-    pinned_ = true;
+  static host_allocator pinned_allocator() {
     auto blocks = std::make_shared<std::map<void*, at::Tensor>>();
     return {[blocks](std::size_t bytes) -> void* {
               at::Tensor t = at::empty({static_cast<std::int64_t>(bytes + 64)},
