@@ -18,4 +18,5 @@
 #include "collectives/reduce_scatter.hpp"
 #include "collectives/scatter.hpp"
 #include "collectives/shm.hpp"
+#include "collectives/symmetric_memory.hpp"
 #include "collectives/tuning.hpp"

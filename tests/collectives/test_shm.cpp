@@ -10,6 +10,7 @@
 #include "fault_util.hpp"
 
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -608,4 +609,162 @@ TEST_CASE("shm wait: no pause-spins when the launcher says the ranks share cores
   // what this process's launcher said decides a world that fits the cores
   CHECK(dpkit::detail::shm_spin_count(1) ==
         (mca_bool_true(std::getenv("OMPI_MCA_mpi_yield_when_idle")) ? 0 : 256));
+}
+
+namespace {
+// Fills rank r's two segment buffers with `pattern`; counts the bytes that
+// no longer hold it (what a two-shot copied through them).
+std::size_t segment_bytes_changed(dpkit::inproc& comm, unsigned char pattern, bool fill) {
+  auto* seg = comm.shm();
+  REQUIRE(seg != nullptr);
+  std::size_t changed = 0;
+  for (int b = 0; b < 2; ++b) {
+    std::byte* buf = seg->buffer(comm.rank(), b);
+    if (fill) std::memset(buf, pattern, seg->slot_bytes());
+    else
+      for (std::size_t i = 0; i < seg->slot_bytes(); ++i) changed += buf[i] != std::byte{pattern};
+  }
+  return changed;
+}
+} // namespace
+
+TEST_CASE_TEMPLATE("shm all-reduce over symmetric memory reads and writes the peers' buffers directly: the sequential "
+                   "reference, nothing through the segment", T, DPKIT_ELEMENT_TYPES) {
+  for (int n : test_sizes::worlds({2, 3, 5})) {
+    const std::size_t nn = static_cast<std::size_t>(n), shm_bytes = 256, chunk = shm_bytes / sizeof(T);
+    dpkit::inproc_world world(n, nullptr, shm_bytes);
+    std::mutex mu;
+    std::vector<std::string> bad;
+    std::barrier sync(n); // the ranks are threads: no peer reads a segment buffer while it is refilled
+    world.run([&](dpkit::inproc& comm) {
+      const int r = comm.rank();
+      const std::size_t max_count = 3 * chunk + 7 + 8;
+      // offsets differ by rank: only the window must be the same
+      auto win_in = dpkit::allocate_symmetric(comm, (max_count + 16) * sizeof(T));
+      auto win_out = dpkit::allocate_symmetric(comm, (max_count + 16) * sizeof(T));
+      CHECK(win_in.shared());
+      T* const in = win_in.as<T>().data() + static_cast<std::size_t>(r);
+      T* const out = win_out.as<T>().data() + 2 * static_cast<std::size_t>(r);
+      std::uint64_t salt = 100;
+      for (auto k : {shm_kind::two_shot, shm_kind::by_size})
+        for (auto op : dpt::all_ops)
+          for (std::size_t count : {std::size_t{1}, nn - 1, nn + 1, 1000 % (max_count - 8), 3 * chunk + 7})
+            for (bool in_place : {false, true}) {
+              if (count == 0) continue;
+              ++salt;
+              const auto src = dpt::make_input<T>(op, r, count, 0, salt);
+              std::memcpy(static_cast<void*>(in), src.data(), count * sizeof(T));
+              for (std::size_t i = 0; i < count; ++i) out[i] = dpt::sentinel<T>();
+              std::span<T> in_s(in, count), out_s(in_place ? in : out, count);
+              sync.arrive_and_wait();
+              segment_bytes_changed(comm, 0xa5, true);
+              sync.arrive_and_wait();
+              call(comm, k, in_s, out_s, op, {});
+              const std::size_t through_segment = segment_bytes_changed(comm, 0xa5, false);
+              // by_size: one-shot up to 512 bytes, on two ranks up to the default threshold
+              const bool two_shot = k == shm_kind::two_shot || (n > 2 && count * sizeof(T) > 512);
+              std::lock_guard lk(mu);
+              const std::string what = std::string(name(k)) + " n=" + std::to_string(n) + " rank " +
+                                       std::to_string(r) + " op " + std::string(dpkit::reduce_op_name(op)) +
+                                       " count " + std::to_string(count) + (in_place ? " in-place" : "");
+              if (two_shot && through_segment != 0)
+                bad.push_back(what + ": " + std::to_string(through_segment) + " segment bytes written");
+              for (std::size_t i = 0; i < count; ++i) {
+                const T e = dpt::reference<T>(op, n, i, salt);
+                if (std::memcmp(&e, &out_s[i], sizeof(T)) != 0) {
+                  bad.push_back(what + ": element " + std::to_string(i) + " is " + std::to_string(dpt::to_double(out_s[i])) +
+                                ", expected " + std::to_string(dpt::to_double(e)));
+                  break;
+                }
+              }
+              if (!in_place && std::memcmp(in, src.data(), count * sizeof(T)) != 0)
+                bad.push_back(what + ": out-of-place input modified");
+            }
+    });
+    CAPTURE(n);
+    for (std::size_t i = 0; i < std::min<std::size_t>(bad.size(), 5); ++i) FAIL_CHECK(bad[i]);
+    CHECK(bad.empty());
+  }
+}
+
+TEST_CASE("shm all-reduce where one rank's buffer is not in symmetric memory: every rank runs the two-shot, the "
+          "rank-order sum") {
+  for (int n : test_sizes::worlds({2, 3})) {
+    CAPTURE(n);
+    dpkit::inproc_world world(n, nullptr, 256);
+    std::vector<std::size_t> through(static_cast<std::size_t>(n));
+    std::barrier sync(n);
+    world.run([&](dpkit::inproc& comm) {
+      const int r = comm.rank();
+      const std::size_t count = 1000;
+      auto win = dpkit::allocate_symmetric(comm, 2 * count * sizeof(float));
+      std::vector<float> priv(count);
+      for (int odd_one : {n - 1, 0}) {
+        // rank odd_one's output is private memory, every other buffer lies in the window
+        float* in = win.as<float>().data();
+        std::span<float> out = r == odd_one ? std::span<float>(priv) : win.as<float>().subspan(count, count);
+        for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(r + 1) * static_cast<float>(i % 7);
+        sync.arrive_and_wait();
+        segment_bytes_changed(comm, 0x3c, true);
+        sync.arrive_and_wait();
+        dpkit::allreduce_shm_two_shot(comm, std::span<float>(in, count), out);
+        through[static_cast<std::size_t>(r)] = segment_bytes_changed(comm, 0x3c, false);
+        const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+        for (std::size_t i = 0; i < count; ++i)
+          if (out[i] != ranks_sum * static_cast<float>(i % 7)) {
+            FAIL_CHECK("rank " << r << " element " << i << " is " << out[i]);
+            break;
+          }
+      }
+    });
+    for (auto t : through) CHECK(t > 0); // the two-shot went through the segment on every rank
+  }
+}
+
+TEST_CASE("allocate_symmetric: 0 bytes, different byte counts and different allocation orders are invalid_argument "
+          "on every rank; without a segment it is private memory and all-reduces still agree") {
+  SUBCASE("errors") {
+    dpkit::inproc_world world(3, nullptr, 4096);
+    std::atomic<int> threw{0};
+    world.run([&](dpkit::inproc& comm) {
+      CHECK_THROWS_AS(dpkit::allocate_symmetric(comm, 0), dpkit::invalid_argument);
+      try {
+        (void)dpkit::allocate_symmetric(comm, comm.rank() == 1 ? 8192 : 4096);
+      } catch (const dpkit::invalid_argument& e) {
+        CHECK(std::string(e.what()).find("different byte counts") != std::string::npos);
+        ++threw;
+      }
+      auto a = dpkit::allocate_symmetric(comm, 4096);
+      CHECK(a.shared());
+      CHECK(a.size() == 4096);
+      CHECK(reinterpret_cast<std::uintptr_t>(a.data()) % 4096 == 0);
+    });
+    CHECK(threw == 3);
+    // rank 0's registry one window ahead of its peers' (as if it had
+    // allocated once more): the next allocation is refused on every rank
+    threw = 0;
+    world.run([&](dpkit::inproc& comm) {
+      auto& reg = *comm.shm()->windows();
+      if (comm.rank() == 0) reg.add({reg.next_id(), nullptr, 0, 0});
+      try {
+        (void)dpkit::allocate_symmetric(comm, 4096);
+      } catch (const dpkit::invalid_argument& e) {
+        CHECK(std::string(e.what()).find("different allocations") != std::string::npos);
+        ++threw;
+      }
+    });
+    CHECK(threw == 3);
+  }
+  SUBCASE("no segment") {
+    dpkit::inproc_world world(2, nullptr, 0);
+    world.run([&](dpkit::inproc& comm) {
+      auto a = dpkit::allocate_symmetric(comm, 4000);
+      CHECK_FALSE(a.shared());
+      auto v = a.as<std::int32_t>();
+      CHECK(v.size() == 1000);
+      for (auto& x : v) x = comm.rank() + 1;
+      dpkit::allreduce(comm, v);
+      for (auto x : v) CHECK(x == 3);
+    });
+  }
 }

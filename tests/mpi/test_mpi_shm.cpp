@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -106,6 +107,57 @@ TEST_CASE("mpi shm all-reduce of floats is bitwise identical on every rank and i
       MPI_Bcast(r0.data(), static_cast<int>(count), MPI_FLOAT, 0, MPI_COMM_WORLD);
       CHECK(std::memcmp(out.data(), r0.data(), count * sizeof(float)) == 0);
     }
+}
+
+TEST_CASE("mpi shm all-reduce over symmetric memory: MPI_Allreduce's result, read and written across processes "
+          "directly (nothing through the segment); a rank with a private buffer makes every rank run the two-shot") {
+  dpkit::mpi comm(MPI_COMM_WORLD);
+  REQUIRE(comm.shm() != nullptr);
+  const int r = comm.rank(), n = comm.size();
+  const std::size_t max_count = (std::size_t{9} << 20) / sizeof(std::int32_t) + 5; // out of place: non-temporal stores
+  auto win_in = dpkit::allocate_symmetric(comm, (max_count + 8) * sizeof(std::int32_t));
+  auto win_out = dpkit::allocate_symmetric(comm, (max_count + 8) * sizeof(std::int32_t));
+  REQUIRE(win_in.shared());
+  auto* seg = comm.shm();
+  // bytes of this rank's segment buffers no longer holding 0xa5 (what a two-shot copied through them)
+  auto mark = [&] {
+    MPI_Barrier(MPI_COMM_WORLD); // no peer reads our buffers any more
+    for (int b = 0; b < 2; ++b) std::memset(seg->buffer(r, b), 0xa5, seg->slot_bytes());
+    MPI_Barrier(MPI_COMM_WORLD);
+  };
+  auto changed = [&] {
+    std::size_t c = 0;
+    for (int b = 0; b < 2; ++b)
+      for (std::size_t i = 0; i < seg->slot_bytes(); ++i) c += seg->buffer(r, b)[i] != std::byte{0xa5};
+    return c;
+  };
+  std::mt19937_64 g(static_cast<unsigned>(r) + 11);
+  std::vector<std::int32_t> priv(max_count);
+  for (std::size_t count : {std::size_t{1}, std::size_t{3}, std::size_t{1000}, std::size_t{300001}, max_count})
+    for (auto op : {dpkit::reduce_op::sum, dpkit::reduce_op::prod, dpkit::reduce_op::min, dpkit::reduce_op::max})
+      for (int place = 0; place < 3; ++place) { // 0 out of place, 1 in place, 2 rank n-1's output private
+        CAPTURE(count);
+        CAPTURE(static_cast<int>(op));
+        CAPTURE(place);
+        // offsets differ by rank: only the window must be the same
+        std::int32_t* in = win_in.as<std::int32_t>().data() + r;
+        std::int32_t* out = place == 1 ? in : (place == 2 && r == n - 1) ? priv.data() : win_out.as<std::int32_t>().data() + 2 * r;
+        for (std::size_t i = 0; i < count; ++i)
+          in[i] = static_cast<std::int32_t>(op == dpkit::reduce_op::prod ? 1 + g() % 2 : g() % 50);
+        std::vector<std::int32_t> ref(count);
+        MPI_Allreduce(in, ref.data(), static_cast<int>(count), MPI_INT32_T, mpi_op(op), MPI_COMM_WORLD);
+        mark();
+        dpkit::allreduce_shm_two_shot(comm, std::span<std::int32_t>(in, count), std::span<std::int32_t>(out, count), op);
+        const std::size_t through = changed();
+        if (n > 1) {
+          if (place == 2) CHECK(through > 0);
+          else CHECK(through == 0);
+        }
+        std::size_t first = count;
+        for (std::size_t i = 0; i < count && first == count; ++i)
+          if (out[i] != ref[i]) first = i;
+        CHECK(first == count);
+      }
 }
 
 TEST_CASE("mpi shm: a rank that never joins gives timeout_error within the deadline") {

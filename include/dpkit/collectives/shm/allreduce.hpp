@@ -49,6 +49,159 @@ enum class shm_mode : std::uint8_t { one_shot, two_shot };
 /// (its own input for its own part, the peers' copies for theirs, rank order)
 /// into its other buffer and out, a second step, every rank copies the peers'
 /// slices to out. Results are bitwise identical on every rank.
+/// out0[i] = out1[i] = a[i] op b[i] for i in [0, len) (two ranks' outputs of
+/// the direct all-reduce out of place: two loads, two stores per element,
+/// no staging block). The four ranges must not overlap. Op as combine_any
+/// (the bits of reduce_host(dst, a, b)).
+template <reduce_op Op, class T>
+void reduce_into_two(T* __restrict out0, T* __restrict out1, const T* __restrict a, const T* __restrict b,
+                     std::size_t len) noexcept {
+  constexpr std::size_t B = block_elems<T>;
+  const std::size_t nb = len / B;
+  for (std::size_t blk = 0; blk < nb; ++blk) {
+    T* __restrict d0 = out0 + blk * B;
+    T* __restrict d1 = out1 + blk * B;
+    const T* __restrict x = a + blk * B;
+    const T* __restrict y = b + blk * B;
+    for (std::size_t k = 0; k < B; ++k) {
+      const T v = combine_any<Op>(x[k], y[k]);
+      d0[k] = v;
+      d1[k] = v;
+    }
+  }
+  for (std::size_t i = nb * B; i < len; ++i) out0[i] = out1[i] = combine_any<Op>(a[i], b[i]);
+}
+
+/// x0[i] = x1[i] = x0[i] op x1[i] for i in [0, len) (two ranks' buffers of
+/// the direct all-reduce in place). The ranges must not overlap.
+template <reduce_op Op, class T>
+void reduce_both_in_place(T* __restrict x0, T* __restrict x1, std::size_t len) noexcept {
+  constexpr std::size_t B = block_elems<T>;
+  const std::size_t nb = len / B;
+  for (std::size_t blk = 0; blk < nb; ++blk) {
+    T* __restrict d0 = x0 + blk * B;
+    T* __restrict d1 = x1 + blk * B;
+    for (std::size_t k = 0; k < B; ++k) {
+      const T v = combine_any<Op>(d0[k], d1[k]);
+      d0[k] = v;
+      d1[k] = v;
+    }
+  }
+  for (std::size_t i = nb * B; i < len; ++i) x0[i] = x1[i] = combine_any<Op>(x0[i], x1[i]);
+}
+
+/// The two-rank direct all-reduce's slice [b, e) with ordinary stores, fused
+/// (reduce_into_two, reduce_both_in_place), for sum, prod, min and max of
+/// every type but f16/bf16 (those combine through f32 one element at a time:
+/// reduce_host's F16C path serves them better). Returns false when it does
+/// not apply (the caller stages through a block).
+template <element T>
+bool direct_two_ranks_fused(const T* const* ins, T* const* outs, std::size_t b, std::size_t e, reduce_op op) noexcept {
+  if constexpr (is_half_v<T>) {
+    (void)ins, (void)outs, (void)b, (void)e, (void)op;
+    return false;
+  } else {
+    if (op == reduce_op::avg) return false;
+    const bool ip0 = static_cast<const void*>(ins[0]) == static_cast<const void*>(outs[0]);
+    const bool ip1 = static_cast<const void*>(ins[1]) == static_cast<const void*>(outs[1]);
+    if (ip0 != ip1) return false;
+    auto run = [&]<reduce_op Op>() {
+      if (ip0) reduce_both_in_place<Op>(outs[0] + b, outs[1] + b, e - b);
+      else reduce_into_two<Op>(outs[0] + b, outs[1] + b, ins[0] + b, ins[1] + b, e - b);
+    };
+    switch (op) {
+    case reduce_op::sum: run.template operator()<reduce_op::sum>(); break;
+    case reduce_op::prod: run.template operator()<reduce_op::prod>(); break;
+    case reduce_op::min: run.template operator()<reduce_op::min>(); break;
+    case reduce_op::max: run.template operator()<reduce_op::max>(); break;
+    case reduce_op::avg: break;
+    }
+    return true;
+  }
+}
+
+/// The direct all-reduce over symmetric memory (collectives/symmetric_memory.hpp),
+/// tried by the two-shot mode once the segment has had a window: every rank
+/// publishes where its input and output lie (window id and offset, or none)
+/// and takes one step. When every rank's input lies in one same window and
+/// every rank's output in one same window, rank r reduces slice r of the
+/// message reading every rank's input where it lies (rank order, so the bits
+/// are the two-shot's) and writes it into every rank's output, then one
+/// more step: one pass over memory per rank, no copy through the segment
+/// (the floor model's "direct", benchmarks/common/bench_floor.hpp). Returns
+/// false, after the step, when the ranks' buffers do not all qualify (the
+/// caller then runs the two-shot); the decision is the same on every rank (it
+/// reads the same published words). Outputs out of place are written with
+/// non-temporal stores from shm_nontemporal_min_bytes, as the two-shot's.
+template <element T, class Steps>
+bool allreduce_shm_direct(Steps& st, const shm_segment& seg, const op_context& ctx, const T* in, T* out,
+                          std::size_t count, reduce_op op) {
+  const int n = ctx.size, r = ctx.rank;
+  const std::size_t bytes = count * sizeof(T);
+  shm_window_registry& reg = *seg.windows();
+  const auto [in_id, in_off] = reg.find(in, bytes, r);
+  const auto [out_id, out_off] = reg.find(out, bytes, r);
+  auto& word = seg.control(r).window;
+  word[0].store(in_id, std::memory_order_relaxed);
+  word[1].store(in_off, std::memory_order_relaxed);
+  word[2].store(out_id, std::memory_order_relaxed);
+  word[3].store(out_off, std::memory_order_relaxed);
+  st.step(); // releases the words; every peer's input is complete from here
+  const std::uint64_t want_in = seg.control(0).window[0].load(std::memory_order_relaxed);
+  const std::uint64_t want_out = seg.control(0).window[2].load(std::memory_order_relaxed);
+  if (want_in == 0 || want_out == 0) return false;
+  // every rank's buffers, at this process's addresses (small n: on the stack
+  // up to 64 ranks)
+  constexpr int max_ranks = 64;
+  if (n > max_ranks) return false;
+  const T* ins[max_ranks];
+  T* outs[max_ranks];
+  bool nt_to[max_ranks];
+  bool all = true;
+  for (int p = 0; p < n; ++p) {
+    const auto& w = seg.control(p).window;
+    const std::uint64_t pi = w[0].load(std::memory_order_relaxed), po = w[2].load(std::memory_order_relaxed);
+    const std::uint64_t pio = w[1].load(std::memory_order_relaxed), poo = w[3].load(std::memory_order_relaxed);
+    if (pi != want_in || po != want_out) {
+      all = false;
+      continue;
+    }
+    ins[p] = reinterpret_cast<const T*>(reg.address(pi, p, pio, bytes));
+    outs[p] = reinterpret_cast<T*>(reg.address(po, p, poo, bytes));
+    nt_to[p] = static_cast<const void*>(ins[p]) != static_cast<const void*>(outs[p]);
+  }
+  if (!all) return false;
+  // Every rank named the same windows, so every rank holds them: the
+  // addresses exist (a null one would be a peer's offset outside its region,
+  // which its own find() never gives).
+  const bool big = bytes >= shm_nontemporal_min_bytes(shm_nontemporal_min_bytes_default);
+  const auto own = chunk_range(count, n, r);
+  // two ranks, ordinary stores: reduce straight into both outputs
+  if (n == 2 && !(big && (nt_to[0] || nt_to[1])) && direct_two_ranks_fused<T>(ins, outs, own.first, own.second, op)) {
+    st.step();
+    return true;
+  }
+  constexpr std::size_t block = std::max<std::size_t>(1, (std::size_t{8} << 10) / sizeof(T));
+  alignas(64) std::byte tmp_bytes[block * sizeof(T)];
+  T* tmp = reinterpret_cast<T*>(tmp_bytes);
+  bool any_nt = false;
+  for (std::size_t q = own.first; q < own.second; q += block) {
+    const std::size_t len = std::min(block, own.second - q);
+    shm_reduce_ranks<T>(tmp, [&](int p) { return ins[p] + q; }, n, len, op);
+    for (int p = 0; p < n; ++p) {
+      if (big && nt_to[p]) {
+        copy_nontemporal(static_cast<void*>(outs[p] + q), static_cast<const void*>(tmp), len * sizeof(T), false);
+        any_nt = true;
+      } else {
+        std::memcpy(static_cast<void*>(outs[p] + q), static_cast<const void*>(tmp), len * sizeof(T));
+      }
+    }
+  }
+  if (any_nt) store_fence();
+  st.step(); // every output is complete once every rank passed it
+  return true;
+}
+
 template <class C, element T>
 void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T* in, T* out, std::size_t count,
                        reduce_op op, const collective_options& o, shm_mode mode) {
@@ -60,6 +213,9 @@ void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T
   if (count == 0) return shm_zero_count_check(comm, seg, S, ctx);
   if (n == 1) return shm_single_rank(in, out, count);
   shm_steps<C> st(comm, seg, S, ctx);
+  if (mode == shm_mode::two_shot && seg.windows()->created() > 0 &&
+      allreduce_shm_direct<T>(st, seg, ctx, in, out, count, op))
+    return;
   // Two-shot writes a large output (out of place, from
   // shm_nontemporal_min_bytes_default or DPKIT_SHM_NT_BYTES) with
   // non-temporal stores: ordinary stores read each of its lines first. In

@@ -23,9 +23,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <signal.h>  // kill (POSIX)
@@ -53,6 +55,9 @@ namespace dpkit::detail {
 /// a peer runs instead and detect a mismatch. `pid` is the owner's process
 /// id where ranks are processes (0 where they are threads of one process),
 /// so a waiting peer can tell that the owner's process has ended.
+/// `window` is where the rank's buffers of the all-reduce it runs now lie
+/// in the node's symmetric memory (collectives/symmetric_memory.hpp; written before the
+/// call's first step, read by peers after it), on a line of its own.
 inline constexpr std::size_t shm_fp_words = (sizeof(fingerprint) + 7) / 8;
 struct alignas(64) shm_control {
   std::atomic<std::uint64_t> step{0};
@@ -67,8 +72,11 @@ struct alignas(64) shm_control {
   char pad1[52];
   std::atomic<std::uint64_t> fp_version{0};
   std::atomic<std::uint64_t> fp_words[shm_fp_words]{};
+  // [0] input's window id (0: not in one), [1] its offset in the rank's
+  // region (bytes), [2] output's window id, [3] its offset
+  alignas(64) std::atomic<std::uint64_t> window[4]{};
 };
-static_assert(sizeof(shm_control) == 192);
+static_assert(sizeof(shm_control) == 256);
 static_assert(shm_fp_words <= 7);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 
@@ -153,6 +161,71 @@ inline void shm_touch_pages(std::byte* p, std::size_t n, bool write) noexcept {
   }
 }
 
+/// One window of symmetric memory as this process maps it
+/// (collectives/symmetric_memory.hpp): `n` regions of `stride` bytes from
+/// `base`, region p rank p's, of which `region_bytes` are the caller's.
+struct shm_window_entry {
+  std::uint64_t id = 0;
+  std::byte* base = nullptr;
+  std::size_t stride = 0;
+  std::size_t region_bytes = 0;
+};
+
+/// The windows of symmetric memory a rank holds over one shared segment,
+/// process-local (each rank maps every window at its own address). Ids count
+/// the windows ever created on the segment, 1, 2, ...: creation is
+/// collective, so a window has the same id on every rank. Thread-safe (a
+/// window may be freed on one thread while a collective runs on another).
+/// Shared by the segment and the symmetric_memory objects, so either may go
+/// first.
+class shm_window_registry {
+public:
+  /// The number of windows ever created (the last id handed out).
+  std::uint64_t created() const noexcept { return created_.load(std::memory_order_acquire); }
+  /// The id the next window takes (created() + 1; not yet taken).
+  std::uint64_t next_id() const noexcept { return created() + 1; }
+  /// Records window `e` (e.id == next_id()).
+  void add(const shm_window_entry& e) {
+    std::lock_guard<std::mutex> lock(m_);
+    windows_.push_back(e);
+    created_.store(e.id, std::memory_order_release);
+  }
+  /// Forgets window `id` (its memory is about to be unmapped here).
+  void remove(std::uint64_t id) noexcept {
+    std::lock_guard<std::mutex> lock(m_);
+    windows_.erase(std::remove_if(windows_.begin(), windows_.end(), [id](const auto& e) { return e.id == id; }),
+                   windows_.end());
+  }
+  /// Where `bytes` bytes at `p` lie in rank `rank`'s region of a window held
+  /// now: {id, byte offset in the region}, or {0, 0} when they are not all
+  /// inside one.
+  std::pair<std::uint64_t, std::uint64_t> find(const void* p, std::size_t bytes, int rank) const noexcept {
+    std::lock_guard<std::mutex> lock(m_);
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    for (const auto& e : windows_) {
+      const auto lo = reinterpret_cast<std::uintptr_t>(e.base + e.stride * static_cast<std::size_t>(rank));
+      if (a >= lo && a - lo <= e.region_bytes && bytes <= e.region_bytes - (a - lo)) return {e.id, a - lo};
+    }
+    return {0, 0};
+  }
+  /// Rank `rank`'s byte `offset` in window `id`, or nullptr when this rank
+  /// does not hold that window or the `bytes` from there leave the region.
+  std::byte* address(std::uint64_t id, int rank, std::uint64_t offset, std::size_t bytes) const noexcept {
+    std::lock_guard<std::mutex> lock(m_);
+    for (const auto& e : windows_)
+      if (e.id == id) {
+        if (offset > e.region_bytes || bytes > e.region_bytes - offset) return nullptr;
+        return e.base + e.stride * static_cast<std::size_t>(rank) + offset;
+      }
+    return nullptr;
+  }
+
+private:
+  mutable std::mutex m_;
+  std::vector<shm_window_entry> windows_;
+  std::atomic<std::uint64_t> created_{0};
+};
+
 /// A view of a shared segment as seen from one rank: where every rank's
 /// control line and buffers are mapped in this process. Process-local (its
 /// pointers differ between processes); the memory it points to is shared.
@@ -178,6 +251,8 @@ public:
   /// (rank-local, not in the segment; rank 0's decides for all and publishes
   /// in its control line's store_mode; one shm collective at a time uses it).
   segment_store_tuner& store_tuner() const noexcept { return store_tuner_; }
+  /// The windows of symmetric memory this rank holds over the segment.
+  const std::shared_ptr<shm_window_registry>& windows() const noexcept { return windows_; }
   /// Rank p's control line.
   shm_control& control(int p) const noexcept { return *reinterpret_cast<shm_control*>(bases_[static_cast<std::size_t>(p)]); }
   /// Rank p's data buffer b (0 or 1).
@@ -283,6 +358,7 @@ private:
   int rank_ = 0;
   std::vector<std::byte*> bases_;
   mutable segment_store_tuner store_tuner_;
+  std::shared_ptr<shm_window_registry> windows_ = std::make_shared<shm_window_registry>();
   std::size_t slot_bytes_ = 0;
   std::atomic<bool> busy_{false};
 };
