@@ -320,6 +320,9 @@ inline void print_run_header(std::FILE* f, const run_info& info) {
   std::fprintf(f, "# Deadline: %.3f s per collective (-T, else DPKIT_TIMEOUT, else 1800); checking level %d (DPKIT_CHECK); native: %s\n",
                static_cast<double>(o.copts.timeout.count()) / 1000.0, o.copts.check,
                o.copts.native_deadline ? "non-blocking, waited against the deadline" : "blocking MPI call (no deadline)");
+  if (o.symmetric)
+    std::fprintf(f, "# Memory: symmetric (dpkit::allocate_symmetric; %s)\n",
+                 "on one node every rank maps the others' buffers and the shm all-reduce runs direct");
   if (o.rotate_auto)
     std::fprintf(f,
                  "# Buffer rotation: auto, per size enough sets to span 2 x the last-level cache (%zu bytes); "

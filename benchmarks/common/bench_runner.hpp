@@ -98,8 +98,18 @@ public:
     sizes_ = sizes_of(o_);
     llc_ = last_level_cache_bytes();
     const std::size_t pool = pool_bytes(o_.max_bytes, static_cast<std::size_t>(o_.rotate), o_.rotate_auto, llc_);
-    send_ = allocate(pool);
-    recv_ = allocate(pool);
+    if (o_.symmetric) {
+      // (collective: every rank computed the same pool size from the same options)
+      sym_send_ = dpkit::allocate_symmetric(comm_, pool, hopts_);
+      sym_recv_ = dpkit::allocate_symmetric(comm_, pool, hopts_);
+      send_base_ = sym_send_.data();
+      recv_base_ = sym_recv_.data();
+    } else {
+      send_ = allocate(pool);
+      recv_ = allocate(pool);
+      send_base_ = send_.get();
+      recv_base_ = recv_.get();
+    }
     if (o_.check) expect_ = allocate(o_.max_bytes);
 
     fill_info();
@@ -280,8 +290,8 @@ private:
                        coll_counts& c) const {
     c = counts_for(kind_, bytes / sizeof(T), n_);
     const std::size_t off = set * set_stride(bytes);
-    T* s = reinterpret_cast<T*>(send_.get() + off);
-    T* r = reinterpret_cast<T*>(recv_.get() + off);
+    T* s = reinterpret_cast<T*>(send_base_ + off);
+    T* r = reinterpret_cast<T*>(recv_base_ + off);
     return op_args<T>{std::span<T>(s, c.send), std::span<T>(r, c.recv), std::span<T>(r, std::max(c.send, c.recv)),
                       c.param, op, root, o_.copts, in_place};
   }
@@ -465,6 +475,9 @@ private:
   std::size_t llc_ = 0;
   std::size_t cursor_ = 0; ///< -R: the next buffer set
   buffer send_, recv_, expect_;
+  dpkit::symmetric_memory sym_send_, sym_recv_; // --memory symmetric
+  std::byte* send_base_ = nullptr;               // send_'s or sym_send_'s bytes
+  std::byte* recv_base_ = nullptr;
   struct expect_key {
     int type, op, root;
     std::size_t count;
