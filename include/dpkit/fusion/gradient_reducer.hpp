@@ -30,6 +30,7 @@
 
 #include "../collectives/async.hpp"
 #include "../collectives/broadcast_tree.hpp"
+#include "../collectives/symmetric_memory.hpp"
 #include "../core/async.hpp"
 #include "../core/element.hpp"
 #include "../core/errors.hpp"
@@ -49,6 +50,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <ostream>
 #include <span>
@@ -101,6 +103,41 @@ struct host_allocator {
   /// True when both functions are set.
   explicit operator bool() const noexcept { return allocate && deallocate; }
 };
+
+/// A host_allocator whose buffers are symmetric memory on comm
+/// (allocate_symmetric): on one node, every rank maps every rank's buckets,
+/// and each bucket's all-reduce (in place, from the two-shot's size up) runs
+/// the shm all-reduce's direct path, one pass over memory instead of two
+/// copies through the shared segment (docs/algorithms.md "Direct, over
+/// symmetric memory"). Without a shared segment the buffers are private
+/// memory. Each allocation is a collective on comm: give it only to a
+/// gradient_reducer over the same comm, which allocates its buckets on every
+/// rank in the same order (equal plans, checked) and only between steps
+/// (construction, rebuild_buckets). The returned functions hold comm by
+/// reference: comm must outlive the reducer.
+/// @throws (from allocate) what allocate_symmetric throws.
+template <transport C>
+host_allocator symmetric_bucket_allocator(C& comm, const collective_options& o = {}) {
+  struct held {
+    std::mutex mu;
+    std::vector<symmetric_memory> blocks;
+  };
+  auto h = std::make_shared<held>();
+  host_allocator a;
+  a.allocate = [&comm, h, o](std::size_t bytes) -> void* {
+    symmetric_memory m = allocate_symmetric(comm, bytes, o);
+    void* p = m.data();
+    std::lock_guard<std::mutex> lock(h->mu);
+    h->blocks.push_back(std::move(m));
+    return p;
+  };
+  a.deallocate = [h](void* p, std::size_t) noexcept {
+    std::lock_guard<std::mutex> lock(h->mu);
+    auto it = std::find_if(h->blocks.begin(), h->blocks.end(), [p](const symmetric_memory& m) { return m.data() == p; });
+    if (it != h->blocks.end()) h->blocks.erase(it);
+  };
+  return a;
+}
 
 /// Options of a gradient_reducer (regular aggregate; compares and prints).
 /// Every rank must pass equal options (the plan check catches differing
