@@ -738,6 +738,12 @@ TEST_CASE("allocate_symmetric: 0 bytes, different byte counts and different allo
       CHECK(a.shared());
       CHECK(a.size() == 4096);
       CHECK(reinterpret_cast<std::uintptr_t>(a.data()) % 4096 == 0);
+      // an even page count gets one page more: regions never a multiple of 2^16 pages apart
+      auto b = dpkit::allocate_symmetric(comm, 8192);
+      auto& reg = *comm.shm()->windows();
+      const auto id = reg.find(b.data(), b.size(), comm.rank()).first;
+      CHECK(id != 0);
+      CHECK(reg.address(id, 1, 0, 0) - reg.address(id, 0, 0, 0) == 3 * 4096);
     });
     CHECK(threw == 3);
     // rank 0's registry one window ahead of its peers' (as if it had

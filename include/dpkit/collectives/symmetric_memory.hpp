@@ -22,6 +22,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace dpkit {
@@ -102,7 +103,7 @@ private:
 /// (its pages) and faults in its peers'. Elsewhere: private memory.
 /// @param bytes per rank, > 0.
 /// @param o     timeout and tag of the collectives the setup runs (an
-///              all-reduce of three integers, a broadcast of the name, a
+///              all-reduce of four integers, a broadcast of the name, a
 ///              second all-reduce).
 /// @returns this rank's region, zeroed.
 /// @throws dpkit::invalid_argument naming the rank when bytes is 0 or the

@@ -40,15 +40,6 @@ namespace detail {
 /// Which shared-memory all-reduce runs.
 enum class shm_mode : std::uint8_t { one_shot, two_shot };
 
-/// Shared-memory all-reduce of `count` host elements from `in` to `out`
-/// (in == out: in place), through segment `seg` in chunks of at most one
-/// buffer. one_shot: per chunk, every rank copies its input into its buffer,
-/// one step, every rank reduces all buffers in rank order into out (one
-/// synchronization per chunk). two_shot: per chunk, every rank copies the
-/// slices its peers reduce into its buffer, one step, rank r reduces slice r
-/// (its own input for its own part, the peers' copies for theirs, rank order)
-/// into its other buffer and out, a second step, every rank copies the peers'
-/// slices to out. Results are bitwise identical on every rank.
 /// out0[i] = out1[i] = a[i] op b[i] for i in [0, len) (two ranks' outputs of
 /// the direct all-reduce out of place: two loads, two stores per element,
 /// no staging block). The four ranges must not overlap. Op as combine_any
@@ -202,6 +193,17 @@ bool allreduce_shm_direct(Steps& st, const shm_segment& seg, const op_context& c
   return true;
 }
 
+/// Shared-memory all-reduce of `count` host elements from `in` to `out`
+/// (in == out: in place), through segment `seg` in chunks of at most one
+/// buffer. one_shot: per chunk, every rank copies its input into its buffer,
+/// one step, every rank reduces all buffers in rank order into out (one
+/// synchronization per chunk). two_shot: per chunk, every rank copies the
+/// slices its peers reduce into its buffer, one step, rank r reduces slice r
+/// (its own input for its own part, the peers' copies for theirs, rank order)
+/// into its other buffer and out, a second step, every rank copies the peers'
+/// slices to out. Results are bitwise identical on every rank.
+/// two_shot first tries the direct path over symmetric memory
+/// (allreduce_shm_direct) once the segment has had a window.
 template <class C, element T>
 void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T* in, T* out, std::size_t count,
                        reduce_op op, const collective_options& o, shm_mode mode) {
