@@ -641,11 +641,14 @@ TEST_CASE_TEMPLATE("shm all-reduce over symmetric memory reads and writes the pe
       const std::size_t max_count = 3 * chunk + 7 + 8;
       // offsets differ by rank: only the window must be the same
       auto win_in = dpkit::allocate_symmetric(comm, (max_count + 16) * sizeof(T));
-      auto win_out = dpkit::allocate_symmetric(comm, (max_count + 16) * sizeof(T));
+      auto win_out = dpkit::allocate_symmetric(comm, (max_count + 128) * sizeof(T));
       CHECK(win_in.shared());
       T* const in = win_in.as<T>().data() + static_cast<std::size_t>(r);
-      T* const out = win_out.as<T>().data() + 2 * static_cast<std::size_t>(r);
       std::uint64_t salt = 100;
+      // outputs at different addresses modulo 16 on every rank, and at the
+      // same one (16 r + sizeof(T) bytes in: the two-rank non-temporal path's
+      // ordinary-store head, lines and tail)
+      for (std::size_t out_at : {2 * static_cast<std::size_t>(r), 16 / sizeof(T) * static_cast<std::size_t>(r) + 1})
       for (auto k : {shm_kind::two_shot, shm_kind::by_size})
         for (auto op : dpt::all_ops)
           for (std::size_t count : {std::size_t{1}, nn - 1, nn + 1, 1000 % (max_count - 8), 3 * chunk + 7})
@@ -653,6 +656,7 @@ TEST_CASE_TEMPLATE("shm all-reduce over symmetric memory reads and writes the pe
               if (count == 0) continue;
               ++salt;
               const auto src = dpt::make_input<T>(op, r, count, 0, salt);
+              T* const out = win_out.as<T>().data() + out_at;
               std::memcpy(static_cast<void*>(in), src.data(), count * sizeof(T));
               for (std::size_t i = 0; i < count; ++i) out[i] = dpt::sentinel<T>();
               std::span<T> in_s(in, count), out_s(in_place ? in : out, count);
