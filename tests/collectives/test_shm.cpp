@@ -8,6 +8,7 @@
 // mismatched calls, no segment).
 #include "common.hpp"
 #include "fault_util.hpp"
+#include "../file_size_limit.hpp"
 
 #include <atomic>
 #include <barrier>
@@ -764,6 +765,38 @@ TEST_CASE("allocate_symmetric: 0 bytes, different byte counts and different allo
       }
     });
     CHECK(threw == 3);
+  }
+  SUBCASE("the node cannot hold it: dpkit::error on every rank, or private memory with symmetric_fallback") {
+    dpkit::inproc_world world(2, nullptr, 4096);
+    world.run([&](dpkit::inproc& comm) { (void)dpkit::allocate_symmetric(comm, 4096); }); // segment and a window set up
+    std::atomic<int> threw{0};
+    {
+      // objects over 64 KiB cannot be reserved (posix_fallocate: EFBIG), as in a small /dev/shm (ENOSPC)
+      test_fs::file_size_limit limit(64 * 1024);
+      world.run([&](dpkit::inproc& comm) {
+        try {
+          (void)dpkit::allocate_symmetric(comm, 1 << 20);
+        } catch (const dpkit::error& e) {
+          CHECK(std::string(e.what()).find("could not be set up") != std::string::npos);
+          ++threw;
+        }
+        auto a = dpkit::allocate_symmetric(comm, 1 << 20, {}, dpkit::symmetric_fallback::private_memory);
+        CHECK_FALSE(a.shared());
+        CHECK(a.size() == std::size_t{1} << 20);
+        CHECK(reinterpret_cast<std::uintptr_t>(a.data()) % 4096 == 0);
+        auto v = a.as<float>();
+        CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }));
+        std::fill(v.begin(), v.end(), static_cast<float>(comm.rank() + 1));
+        dpkit::allreduce(comm, v);
+        CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 3.0f; }));
+      });
+    }
+    CHECK(threw == 2);
+    // the ranks still agree on the next window: it is shared again once the object fits
+    world.run([&](dpkit::inproc& comm) {
+      auto a = dpkit::allocate_symmetric(comm, 1 << 20, {}, dpkit::symmetric_fallback::private_memory);
+      CHECK(a.shared());
+    });
   }
   SUBCASE("no segment") {
     dpkit::inproc_world world(2, nullptr, 0);

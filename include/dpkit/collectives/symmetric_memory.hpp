@@ -28,8 +28,18 @@
 namespace dpkit {
 
 class symmetric_memory;
+
+/// What allocate_symmetric does when the node cannot hold the shared object
+/// (a rank cannot create, reserve or map it: /dev/shm smaller than the
+/// allocation, as Docker's default 64 MiB).
+enum class symmetric_fallback {
+  none,           ///< throw dpkit::error on every rank (the default)
+  private_memory, ///< return private memory on every rank (shared() false), as without a shared segment
+};
+
 template <transport C>
-symmetric_memory allocate_symmetric(C& comm, std::size_t bytes, const collective_options& o = {});
+symmetric_memory allocate_symmetric(C& comm, std::size_t bytes, const collective_options& o = {},
+                                    symmetric_fallback fallback = symmetric_fallback::none);
 
 /// This rank's part of a block of symmetric memory (allocate_symmetric):
 /// `size()` bytes, 4096-byte aligned, zeroed, that the node's other ranks map
@@ -74,7 +84,8 @@ public:
 
 private:
   template <transport C>
-  friend symmetric_memory allocate_symmetric(C& comm, std::size_t bytes, const collective_options& o);
+  friend symmetric_memory allocate_symmetric(C& comm, std::size_t bytes, const collective_options& o,
+                                             symmetric_fallback fallback);
   void swap(symmetric_memory& o) noexcept {
     std::swap(map_, o.map_);
     std::swap(registry_, o.registry_);
@@ -105,15 +116,20 @@ private:
 /// @param o     timeout and tag of the collectives the setup runs (an
 ///              all-reduce of four integers, a broadcast of the name, a
 ///              second all-reduce).
+/// @param fallback what to do when a rank cannot create, reserve or map the
+///              object: throw (none), or return private memory on every rank
+///              (private_memory; the ranks agree, so all fall back together).
 /// @returns this rank's region, zeroed.
 /// @throws dpkit::invalid_argument naming the rank when bytes is 0 or the
 ///         ranks passed different byte counts or are not at the same
 ///         allocation (another rank allocated more or fewer windows so far);
 ///         dpkit::error naming the object and the system's reason when a rank
-///         cannot create or map it (/dev/shm full: every rank throws);
+///         cannot create or map it (/dev/shm full: every rank throws) and
+///         fallback is none;
 ///         std::bad_alloc (private memory); what the setup's collectives throw.
 template <transport C>
-symmetric_memory allocate_symmetric(C& comm, std::size_t bytes, const collective_options& o) {
+symmetric_memory allocate_symmetric(C& comm, std::size_t bytes, const collective_options& o,
+                                    symmetric_fallback fallback) {
   const int rank = comm.rank(), n = comm.size();
   const std::string who = "allocate_symmetric: rank " + std::to_string(rank);
   if (bytes == 0) throw invalid_argument(who + ": 0 bytes requested (expected > 0)");
@@ -135,10 +151,13 @@ symmetric_memory allocate_symmetric(C& comm, std::size_t bytes, const collective
                            "): every rank must call allocate_symmetric in the same order");
   symmetric_memory m;
   m.bytes_ = bytes;
-  if (!reg) {
+  auto make_private = [&m, bytes] {
     m.private_ = static_cast<std::byte*>(::operator new[](bytes, std::align_val_t{4096}));
     std::memset(m.private_, 0, bytes);
     m.data_ = m.private_;
+  };
+  if (!reg) {
+    make_private();
     return m;
   }
   // Regions of an odd number of pages: no two ranks' regions start a
@@ -180,9 +199,15 @@ symmetric_memory allocate_symmetric(C& comm, std::size_t bytes, const collective
     throw;
   }
   if (rank == 0 && !created.empty()) detail::shm_mapping::unlink(created);
-  if (first_bad[0] < n)
+  if (first_bad[0] < n) {
+    if (fallback == symmetric_fallback::private_memory) {
+      m.map_ = detail::shm_mapping{}; // unmap what this rank mapped; the window id stays unused on every rank
+      make_private();
+      return m;
+    }
     throw error(who + ": the symmetric memory (" + std::to_string(total) + " bytes) could not be set up: " +
                 (why.empty() ? "rank " + std::to_string(first_bad[0]) + " failed (its error names the reason)" : why));
+  }
   std::byte* base = m.map_.data();
   m.data_ = base + stride * static_cast<std::size_t>(rank);
   detail::shm_touch_pages(m.data_, stride, true); // own pages first, by their owner

@@ -114,18 +114,22 @@ struct host_allocator {
 /// gradient_reducer over the same comm, which allocates its buckets on every
 /// rank in the same order (equal plans, checked) and only between steps
 /// (construction, rebuild_buckets). The returned functions hold comm by
-/// reference: comm must outlive the reducer.
+/// reference: comm must outlive the reducer. With fallback
+/// symmetric_fallback::private_memory, a bucket the node cannot hold in
+/// shared memory (/dev/shm too small) is private memory on every rank, and
+/// its all-reduce runs the two-shot.
 /// @throws (from allocate) what allocate_symmetric throws.
 template <transport C>
-host_allocator symmetric_bucket_allocator(C& comm, const collective_options& o = {}) {
+host_allocator symmetric_bucket_allocator(C& comm, const collective_options& o = {},
+                                          symmetric_fallback fallback = symmetric_fallback::none) {
   struct held {
     std::mutex mu;
     std::vector<symmetric_memory> blocks;
   };
   auto h = std::make_shared<held>();
   host_allocator a;
-  a.allocate = [&comm, h, o](std::size_t bytes) -> void* {
-    symmetric_memory m = allocate_symmetric(comm, bytes, o);
+  a.allocate = [&comm, h, o, fallback](std::size_t bytes) -> void* {
+    symmetric_memory m = allocate_symmetric(comm, bytes, o, fallback);
     void* p = m.data();
     std::lock_guard<std::mutex> lock(h->mu);
     h->blocks.push_back(std::move(m));
