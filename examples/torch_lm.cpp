@@ -99,7 +99,7 @@ struct args {
   std::string corpus; // empty: the build's data/debian-descriptions.jsonl (resolve_defaults)
   std::string spm;    // empty: the repository's data/debian-bpe-8k.model
   std::string ddp = "dpkit";
-  bool bucket_view = false, find_unused = false, no_comm_thread = false;
+  bool bucket_view = false, find_unused = false, no_comm_thread = false, private_buckets = false;
   std::string compression = "none";
   std::string algorithm = "automatic";
   std::string checkpoint, resume, dump, batches, loss_log, json;
@@ -397,6 +397,7 @@ int run(const args& a, C* comm) {
     o.bucket_cap_mb = a.bucket_cap_mb;
     o.gradient_as_bucket_view = a.bucket_view;
     o.comm_thread = !a.no_comm_thread;
+    o.symmetric_buckets = !a.private_buckets;
     o.find_unused_parameters = a.find_unused;
     o.inter_node_every = a.inter_node_every;
     o.algorithm.algo = dpkit::parse_algorithm(a.algorithm);
@@ -792,6 +793,8 @@ int torch_lm_main(int argc, char** argv) {
   app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP bucket_cap_mb");
   app.add_flag("--bucket-view", a.bucket_view, "DDP gradient_as_bucket_view");
   app.add_flag("--find-unused", a.find_unused, "DDP find_unused_parameters");
+  app.add_flag("--private-buckets", a.private_buckets,
+               "DDP buckets in private memory (ddp_options::symmetric_buckets false: the two-shot all-reduce)");
   app.add_flag("--no-comm-thread", a.no_comm_thread,
                "all-reduce each bucket inside the gradient hook that makes it ready (ddp_options::comm_thread = false)");
   app.add_option("--compression", a.compression, "none | f16 | bf16 (comm hook)")->check(CLI::IsMember({"none", "f16", "bf16"}));

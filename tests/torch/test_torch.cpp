@@ -13,6 +13,7 @@
 #include <dpkit/transport/inproc.hpp>
 
 #include "torch_lm_model.hpp"
+#include "../file_size_limit.hpp"
 
 #include <doctest/doctest.h>
 #include <torch/torch.h>
@@ -22,6 +23,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -530,6 +532,66 @@ TEST_CASE("a parameter whose gradient accumulator was replaced after wrapping is
     CAPTURE(msg);
     CHECK(msg.find("gradient accumulators of 'weight' were replaced") != std::string::npos);
     CHECK(msg.find("'bias'") == std::string::npos);
+  }
+}
+
+TEST_CASE("CPU buckets are symmetric memory, private with symmetric_buckets false or where /dev/shm cannot hold "
+          "them; the averaged gradients equal the ranks' own gradients averaged in every case") {
+  torch::set_num_threads(1);
+  torch::manual_seed(11);
+  // 1 049 088 parameters (4 MiB of float32): buckets of about 1 and 3 MiB,
+  // above the one-shot's size, so their all-reduces run the shm two-shot or,
+  // over symmetric memory, the direct path
+  torch::nn::Sequential ref(torch::nn::Linear(512, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 512));
+  auto copy = [&] { return torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(ref->clone())); };
+  auto input = [](int rank) {
+    auto g = torch::make_generator<at::CPUGeneratorImpl>(static_cast<std::uint64_t>(50 + rank));
+    return torch::randn({4, 512}, g);
+  };
+  // the reference: each rank's gradients on one thread, averaged
+  std::vector<torch::Tensor> expect;
+  for (int r = 0; r < world; ++r) {
+    auto m = copy();
+    m->forward(input(r)).pow(2).mean().backward();
+    auto g = grads_of(*m);
+    if (expect.empty()) expect = g;
+    else
+      for (std::size_t i = 0; i < g.size(); ++i) expect[i] = expect[i] + g[i];
+  }
+  for (auto& e : expect) e = e / static_cast<double>(world);
+  for (int mode = 0; mode < 3; ++mode) {
+    const bool symmetric = mode != 1, fits = mode != 2;
+    CAPTURE(symmetric);
+    CAPTURE(fits);
+    dpkit::inproc_world w(world);
+    std::optional<test_fs::file_size_limit> limit; // shared-memory objects over 64 KiB cannot be reserved
+    if (!fits) limit.emplace(64 * 1024);
+    std::vector<std::vector<torch::Tensor>> grads(world);
+    std::vector<int> in_windows(world, -1);
+    w.run([&](dpkit::inproc& comm) {
+      auto m = copy();
+      dpkit::ddp_options o;
+      o.symmetric_buckets = symmetric;
+      dpkit::distributed_data_parallel<dpkit::inproc> ddp(m.ptr(), comm, o);
+      m->forward(input(comm.rank())).pow(2).mean().backward();
+      ddp.finish();
+      auto& red = const_cast<dpkit::gradient_reducer<dpkit::inproc>&>(ddp.reducer());
+      int n = 0;
+      for (std::size_t i = 0; i < ddp.parameters().size(); ++i) {
+        auto b = red.bucket_bytes(i);
+        n += comm.shm()->windows()->find(b.data(), b.size(), comm.rank()).first != 0 ? 1 : 0;
+      }
+      in_windows[static_cast<std::size_t>(comm.rank())] = n;
+      grads[static_cast<std::size_t>(comm.rank())] = grads_of(*m);
+    });
+    const int params = static_cast<int>(expect.size());
+    for (int r = 0; r < world; ++r) {
+      CAPTURE(r);
+      // every parameter's bucket slot lies in a symmetric window, or none does
+      CHECK(in_windows[static_cast<std::size_t>(r)] == (symmetric && fits ? params : 0));
+      CHECK(max_rel(grads[static_cast<std::size_t>(r)], expect) < 1e-6);
+    }
+    for (std::size_t i = 0; i < expect.size(); ++i) CHECK(torch::equal(grads[0][i], grads[1][i]));
   }
 }
 

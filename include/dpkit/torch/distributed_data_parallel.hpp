@@ -121,6 +121,18 @@ struct ddp_options {
   /// side on an H200: benchmarks/results/2026-12-04-gpu-h200-device-check.md).
   /// No effect on CPU parameters.
   bool pinned_buckets = true;
+  /// With CPU parameters: the buckets are symmetric memory on comm
+  /// (symmetric_bucket_allocator): where the transport has a shared segment
+  /// (one node), every rank maps every rank's buckets and each bucket's
+  /// all-reduce runs the shm all-reduce's direct path, one pass over memory
+  /// instead of two copies through the segment (docs/algorithms.md "Direct,
+  /// over symmetric memory"). Each bucket takes its size in /dev/shm; where
+  /// the node cannot hold it (Docker's 64 MiB /dev/shm), it is private memory
+  /// on every rank alike (symmetric_fallback::private_memory) and runs the
+  /// two-shot, as with false. Elsewhere (several nodes, DPKIT_SHM_BYTES=0, a
+  /// transport without a segment) the buckets are private memory. No effect
+  /// with CUDA parameters (their buckets are pinned_buckets').
+  bool symmetric_buckets = true;
   /// The two-speed sync ("small sync inside a node often, large sync
   /// between nodes rarely"): with k > 1 every step averages the gradients
   /// over this rank's node only (reducer_options::node_local: torch's
@@ -281,6 +293,8 @@ public:
     if (device_stats_) ro.compute_stats = false; // computed by gradient_stats() on the GPU
     pinned_ = opt_.pinned_buckets && !cuda_devices_.empty();
     if (pinned_) buffers = pinned_allocator();
+    else if (opt_.symmetric_buckets && cuda_devices_.empty())
+      buffers = symmetric_bucket_allocator(comm_, opt_.collective, symmetric_fallback::private_memory);
     reducer_ = std::make_unique<gradient_reducer<C>>(comm_, std::move(infos), ro, names_, std::move(buffers));
     ready_.assign(params_.size(), 0);
     state_->owner = this;
