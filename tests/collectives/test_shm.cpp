@@ -749,6 +749,10 @@ TEST_CASE("allocate_symmetric: 0 bytes, different byte counts and different allo
       const auto id = reg.find(b.data(), b.size(), comm.rank()).first;
       CHECK(id != 0);
       CHECK(reg.address(id, 1, 0, 0) - reg.address(id, 0, 0, 0) == 3 * 4096);
+      // from 16 MiB, a page count that is 0x55 modulo 256: never 128 MiB + 4 KiB apart
+      auto c = dpkit::allocate_symmetric(comm, std::size_t{16} << 20);
+      const auto cid = reg.find(c.data(), c.size(), comm.rank()).first;
+      CHECK(reg.address(cid, 1, 0, 0) - reg.address(cid, 0, 0, 0) == (4096 + 0x55) * 4096);
     });
     CHECK(threw == 3);
     // rank 0's registry one window ahead of its peers' (as if it had

@@ -107,9 +107,10 @@ private:
 /// (collective: every rank calls it, with the same byte count, in the same
 /// order relative to its other allocate_symmetric calls and collectives).
 /// Where comm has a shared segment (one node), rank 0 creates one POSIX
-/// shared-memory object of world size x bytes (each rank's region an odd
-/// number of 4096-byte pages), every
-/// rank maps all of it, and the name is unlinked once all have it (nothing
+/// shared-memory object of world size x bytes (each rank's region rounded
+/// up to 4096-byte pages: an odd number of them, or from 16 MiB a number
+/// that is 0x55 modulo 256, so that no two ranks' lines alias in AMD Zen's
+/// L1 way predictor), every rank maps all of it, and the name is unlinked once all have it (nothing
 /// stays in /dev/shm after a kill); each rank writes its own region first
 /// (its pages) and faults in its peers'. Elsewhere: private memory.
 /// @param bytes per rank, > 0.
@@ -160,14 +161,22 @@ symmetric_memory allocate_symmetric(C& comm, std::size_t bytes, const collective
     make_private();
     return m;
   }
-  // Regions of an odd number of pages: no two ranks' regions start a
-  // multiple of 2^16 pages (256 MiB) apart. AMD Zen's L1 way predictor tags
-  // lines by linear address bits 12-27, so lines 2^28 bytes apart evict each
-  // other: the direct all-reduce of 1 MiB over two regions exactly 256 MiB
-  // apart took 738 us against 37 us one page further
-  // (benchmarks/results/2026-12-04-symmetric-direct.md).
-  std::size_t stride = (bytes + 4095) / 4096 * 4096;
-  if ((stride / 4096) % 2 == 0) stride += 4096;
+  // Where the ranks' regions start relative to each other. AMD Zen's L1 way
+  // predictor tags lines by a hash of linear address bits 12-27, so lines
+  // whose distance leaves that hash unchanged evict each other:
+  // - exactly 256 MiB apart, the direct all-reduce of 1 MiB took 738 us
+  //   against 37 us one page further; hence an odd number of pages
+  //   (benchmarks/results/2026-12-04-symmetric-direct.md);
+  // - 64 MiB + 4 KiB and 128 MiB + 4 KiB apart (what the odd-page rule gives
+  //   regions of 64 and 128 MiB), its in-place kernel over 64 MiB took 10.5
+  //   and 15.4 ms against 2.5-3.0 ms at distances whose page count is 0x55
+  //   modulo 256 (64-512 MiB, benchmarks/results/2026-12-04-symmetric-stride.md).
+  // Regions from 16 MiB therefore take a page count that is 0x55 modulo 256
+  // (at most 255 pages, 1020 KiB, more); smaller ones an odd page count.
+  std::size_t pages = (bytes + 4095) / 4096;
+  if (pages >= 4096) pages += (0x55 + 256 - pages % 256) % 256;
+  else if (pages % 2 == 0) ++pages;
+  const std::size_t stride = pages * 4096;
   const std::size_t total = stride * static_cast<std::size_t>(n);
   // rank 0's object name, or an empty name when it could not create one
   std::array<std::uint8_t, 128> name{};
