@@ -132,52 +132,30 @@ bool reduce_into_two_nontemporal(T* __restrict out0, T* __restrict out1, const T
 #endif
 }
 
-/// The two-rank direct all-reduce's slice [b, e) with ordinary stores, fused
-/// (reduce_into_two, reduce_both_in_place), for sum, prod, min and max of
-/// every type but f16/bf16 (those combine through f32 one element at a time:
-/// reduce_host's F16C path serves them better). Returns false when it does
-/// not apply (the caller stages through a block).
+/// The two-rank direct all-reduce's slice [b, e) without a staging block,
+/// for sum, prod, min and max of every type but f16/bf16 (those combine
+/// through f32 one element at a time: reduce_host's F16C path serves them
+/// better): with ordinary stores straight into both outputs
+/// (reduce_into_two, or reduce_both_in_place in place); with `nontemporal`,
+/// out of place on both ranks only, a line at a time from registers
+/// (reduce_into_two_nontemporal; the caller fences). Returns false when it
+/// does not apply (the caller stages through a block).
 template <element T>
-bool direct_two_ranks_fused(const T* const* ins, T* const* outs, std::size_t b, std::size_t e, reduce_op op) noexcept {
+bool direct_two_ranks_fused(const T* const* ins, T* const* outs, std::size_t b, std::size_t e, reduce_op op,
+                            bool nontemporal) noexcept {
   if constexpr (is_half_v<T>) {
-    (void)ins, (void)outs, (void)b, (void)e, (void)op;
+    (void)ins, (void)outs, (void)b, (void)e, (void)op, (void)nontemporal;
     return false;
   } else {
     if (op == reduce_op::avg) return false;
     const bool ip0 = static_cast<const void*>(ins[0]) == static_cast<const void*>(outs[0]);
     const bool ip1 = static_cast<const void*>(ins[1]) == static_cast<const void*>(outs[1]);
-    if (ip0 != ip1) return false;
+    if (ip0 != ip1 || (nontemporal && ip0)) return false;
     auto run = [&]<reduce_op Op>() {
+      if (nontemporal) return reduce_into_two_nontemporal<Op>(outs[0] + b, outs[1] + b, ins[0] + b, ins[1] + b, e - b);
       if (ip0) reduce_both_in_place<Op>(outs[0] + b, outs[1] + b, e - b);
       else reduce_into_two<Op>(outs[0] + b, outs[1] + b, ins[0] + b, ins[1] + b, e - b);
-    };
-    switch (op) {
-    case reduce_op::sum: run.template operator()<reduce_op::sum>(); break;
-    case reduce_op::prod: run.template operator()<reduce_op::prod>(); break;
-    case reduce_op::min: run.template operator()<reduce_op::min>(); break;
-    case reduce_op::max: run.template operator()<reduce_op::max>(); break;
-    case reduce_op::avg: break;
-    }
-    return true;
-  }
-}
-
-/// The two-rank direct all-reduce's slice [b, e) out of place on both ranks
-/// with non-temporal stores (reduce_into_two_nontemporal), for the ops and
-/// types direct_two_ranks_fused serves. Returns false when it does not apply
-/// (the caller stages through a block); the caller fences.
-template <element T>
-bool direct_two_ranks_nontemporal(const T* const* ins, T* const* outs, std::size_t b, std::size_t e,
-                                  reduce_op op) noexcept {
-  if constexpr (is_half_v<T>) {
-    (void)ins, (void)outs, (void)b, (void)e, (void)op;
-    return false;
-  } else {
-    if (op == reduce_op::avg) return false;
-    for (int p = 0; p < 2; ++p)
-      if (static_cast<const void*>(ins[p]) == static_cast<const void*>(outs[p])) return false;
-    auto run = [&]<reduce_op Op>() {
-      return reduce_into_two_nontemporal<Op>(outs[0] + b, outs[1] + b, ins[0] + b, ins[1] + b, e - b);
+      return true;
     };
     switch (op) {
     case reduce_op::sum: return run.template operator()<reduce_op::sum>();
@@ -248,14 +226,11 @@ bool allreduce_shm_direct(Steps& st, const shm_segment& seg, const op_context& c
   // which its own find() never gives).
   const bool big = bytes >= shm_nontemporal_min_bytes(shm_nontemporal_min_bytes_default);
   const auto own = chunk_range(count, n, r);
-  // two ranks, ordinary stores: reduce straight into both outputs
-  if (n == 2 && !(big && (nt_to[0] || nt_to[1])) && direct_two_ranks_fused<T>(ins, outs, own.first, own.second, op)) {
-    st.step();
-    return true;
-  }
-  // two ranks out of place, non-temporal stores: the same, a line at a time
-  if (n == 2 && big && direct_two_ranks_nontemporal<T>(ins, outs, own.first, own.second, op)) {
-    store_fence();
+  // two ranks: reduce straight into both outputs (non-temporal stores a line
+  // at a time from registers where the outputs are out of place and big)
+  const bool two_nt = big && (nt_to[0] || nt_to[1]);
+  if (n == 2 && direct_two_ranks_fused<T>(ins, outs, own.first, own.second, op, two_nt)) {
+    if (two_nt) store_fence();
     st.step();
     return true;
   }
