@@ -85,9 +85,10 @@ void reduce_both_in_place(T* __restrict x0, T* __restrict x1, std::size_t len) n
 /// reduce_into_two with non-temporal stores: out0[i] = out1[i] = a[i] op b[i]
 /// for i in [0, len), each 64-byte line of results computed in registers
 /// and streamed to both outputs, with no staging block (the two-rank direct
-/// all-reduce out of place). On the 2-vCPU EPYC VM, 256 MiB per core: 0.95-0.97x
-/// the time of a non-temporal copy of the same bytes on one and on two cores
-/// at once, against 1.09-1.19x through an 8 KiB block copied out twice
+/// all-reduce out of place). On the 2-vCPU EPYC VM, 256 MiB per core: 0.88x
+/// the time of a non-temporal copy of the same bytes on one core and
+/// 0.95-0.96x on two at once, against 1.09-1.14x through an 8 KiB block
+/// copied out twice
 /// (benchmarks/results/2026-12-04-direct-fused-nontemporal.md). Ordinary
 /// stores before the first 16-byte-aligned element and after the last whole
 /// line; the caller fences (store_fence) before publishing. The ranges must
