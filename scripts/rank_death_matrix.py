@@ -16,10 +16,13 @@ case; the summary counts the runs per algorithm in which every survivor
 met the bound.
 
 Runs `mpirun -np N --mca orte_abort_on_non_zero_status 0` (a job that
-handles its own errors) with DPKIT_TIMEOUT; the program (tests/mpi/
-rank_death.cpp) prints its pid and the agreed moment of death t0 on
-CLOCK_MONOTONIC, which is Python's time.monotonic() on Linux, so this script
-measures each survivor's process exit (its pid gone) on the same clock.
+handles its own errors) with DPKIT_TIMEOUT and RANK_DEATH_DIR (a temporary
+directory); the program (tests/mpi/rank_death.cpp) writes its pid and the
+agreed moment of death t0 on CLOCK_MONOTONIC, which is Python's
+time.monotonic() on Linux, to a file there (and a survivor its last line),
+so this script measures each survivor's process exit (its pid gone) on the
+same clock. The files, not mpirun's forwarded stdout, are what is read: in
+CI Open MPI 4.1's mpirun twice dropped rank 0's first line.
 Prints a table (every time in seconds after the death) and exits 1 if any
 survivor got no error, or its error, its teardown or its exit came later than
 the deadline + 5 s. Open MPI 4.1's mpirun itself may not return after a rank
@@ -52,12 +55,28 @@ def alive(pid):
         return False
 
 
+def read_reports(d):
+    """The lines the ranks wrote to files in `d` (rank.R, survivor.R), in one
+    text; a file is renamed into place only once it is whole."""
+    lines = []
+    for name in sorted(os.listdir(d)):
+        if name.startswith(("rank.", "survivor.")) and not name.endswith(".tmp"):
+            with open(os.path.join(d, name)) as f:
+                lines.append(f.read().rstrip("\n"))
+    return "\n".join(lines) + "\n"
+
+
 def run_one(exe, np_, algo, how, mib, timeout, order="transport-first"):
+    with tempfile.TemporaryDirectory(prefix="rank_death.") as reports:
+        return run_in(exe, np_, algo, how, mib, timeout, order, reports)
+
+
+def run_in(exe, np_, algo, how, mib, timeout, order, reports):
     env = dict(os.environ, DPKIT_TIMEOUT=str(timeout), OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", RANK_DEATH_DIR=reports)
     env.setdefault("OMPI_MCA_btl", "self,vader")
     cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--mca", "orte_abort_on_non_zero_status", "0",
-           "-x", "DPKIT_TIMEOUT", exe, algo, how, str(np_ - 1), str(mib), order]
+           "-x", "DPKIT_TIMEOUT", "-x", "RANK_DEATH_DIR", exe, algo, how, str(np_ - 1), str(mib), order]
     limit = timeout + 5.0
     with tempfile.TemporaryFile(mode="w+") as out:
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -65,13 +84,10 @@ def run_one(exe, np_, algo, how, mib, timeout, order="transport-first"):
         start = time.monotonic()
         while True:
             time.sleep(0.02)
-            out.seek(0)
-            text = out.read()
-            # not anchored at the line's start: mpirun forwards each rank's
-            # stdout and stderr on its own, so another rank's output without
-            # its newline yet (an ASan notice, say) can precede a line (in CI
-            # rank 0's line once went unseen, and the case failed)
-            for m in re.finditer(r"rank (\d+) pid (\d+) t0 (\d+)$", text, re.M):
+            # each rank's pid line from its own file, not from mpirun's
+            # forwarding of stdout: in CI, Open MPI 4.1 twice forwarded no pid
+            # line of rank 0 (its later lines arrived) and the case failed
+            for m in re.finditer(r"^rank (\d+) pid (\d+) t0 (\d+)$", read_reports(reports), re.M):
                 pids[int(m.group(1))] = int(m.group(2))
                 t0 = int(m.group(3)) / 1e9
             survivors = [r for r in pids if r != np_ - 1]
@@ -92,22 +108,24 @@ def run_one(exe, np_, algo, how, mib, timeout, order="transport-first"):
             p.wait()
         out.seek(0)
         text = out.read()
+    reported = read_reports(reports)
     rows = []
     for r in sorted(r for r in pids if r != np_ - 1):
-        m = re.search(rf"survivor {r}: error ([+-][\d.]+) s \((\w+): .*; transport destroyed ([+-][\d.]+) s; "
-                      rf"MPI_Finalize ([+-][\d.]+) s$", text, re.M)
+        m = re.search(rf"^survivor {r}: error ([+-][\d.]+) s \((\w+): .*; transport destroyed ([+-][\d.]+) s; "
+                      rf"MPI_Finalize ([+-][\d.]+) s$", reported, re.M)
         row = {"algo": algo, "how": how, "order": order, "rank": r, "exit": exits.get(r)}
         if m:
             row.update(error=float(m.group(1)), type=m.group(2), destroyed=float(m.group(3)),
                        finalized=float(m.group(4)))
         rows.append(row)
+    log = f"{text[-2000:]}--- the ranks' files:\n{reported}"
     if len(rows) != np_ - 1:
-        rows.append({"algo": algo, "how": how, "order": order, "rank": "?", "exit": None, "log": text[-2000:]})
+        rows.append({"algo": algo, "how": how, "order": order, "rank": "?", "exit": None, "log": log})
     for row in rows:
         ok = all(row.get(k) is not None and row[k] <= limit for k in ("error", "destroyed", "finalized", "exit"))
         row["ok"] = ok
         if not ok:
-            row["log"] = text[-2000:]
+            row["log"] = log
     return rows
 
 

@@ -27,6 +27,12 @@
 //   survivor R: error +E s (<type>: <message>); transport destroyed +D s; MPI_Finalize +F s
 // with times after t0, and exits 0; a survivor whose collective returned
 // normally after t0 prints "survivor R: no error" and exits 2.
+//
+// With RANK_DEATH_DIR set (scripts/rank_death_matrix.py sets it), each rank
+// also writes its pid line to DIR/rank.R and a survivor its last line to
+// DIR/survivor.R (each written whole under another name, then renamed): in
+// CI, Open MPI 4.1's mpirun twice forwarded no pid line of rank 0 although
+// the rank printed it and its later lines arrived, and the case failed.
 #include <dpkit/dpkit.hpp>
 
 #include <mpi.h>
@@ -58,6 +64,22 @@ const char* type_name(const std::exception& e) {
   if (dynamic_cast<const dpkit::communicator_error*>(&e)) return "communicator_error";
   if (dynamic_cast<const dpkit::error*>(&e)) return "error";
   return "std::exception";
+}
+
+// Writes `line` and a newline to $RANK_DEATH_DIR/NAME whole (a temporary
+// name, then rename); nothing when the variable is unset. Exits 70 when the
+// file cannot be written, so that the script does not wait for it.
+void report(const char* name, const std::string& line) {
+  const char* dir = std::getenv("RANK_DEATH_DIR");
+  if (dir == nullptr || *dir == '\0') return;
+  const std::string path = std::string(dir) + "/" + name, tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  bool ok = f != nullptr && std::fprintf(f, "%s\n", line.c_str()) >= 0;
+  if (f != nullptr) ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::perror(("rank_death: " + path).c_str());
+    std::_Exit(70);
+  }
 }
 
 // The collective's buffer: `n` floats of 1.0 in a mapping of their own
@@ -120,6 +142,8 @@ int main(int argc, char** argv) {
   const steady::time_point t0{std::chrono::nanoseconds(t0_ns)};
   std::printf("rank %d pid %d t0 %lld\n", rank, static_cast<int>(getpid()), t0_ns);
   std::fflush(stdout);
+  report(("rank." + std::to_string(rank)).c_str(),
+         "rank " + std::to_string(rank) + " pid " + std::to_string(getpid()) + " t0 " + std::to_string(t0_ns));
   if (rank == victim) {
     std::thread([&] {
       std::this_thread::sleep_until(t0);
@@ -140,6 +164,7 @@ int main(int argc, char** argv) {
       if (since(t0) > 120) { // the deadline should have ended this long ago
         std::printf("survivor %d: no error\n", rank);
         std::fflush(stdout);
+        report(("survivor." + std::to_string(rank)).c_str(), "survivor " + std::to_string(rank) + ": no error");
         return 2;
       }
     } catch (const std::exception& e) {
@@ -161,5 +186,6 @@ int main(int argc, char** argv) {
   line += buf;
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
+  report(("survivor." + std::to_string(rank)).c_str(), line);
   return 0;
 }
