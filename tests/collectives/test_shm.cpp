@@ -22,6 +22,8 @@
 #include <set>
 #include <thread>
 
+#include <sys/mman.h>
+
 using namespace std::chrono_literals;
 
 namespace {
@@ -812,6 +814,145 @@ TEST_CASE("allocate_symmetric: 0 bytes, different byte counts and different allo
       for (auto& x : v) x = comm.rank() + 1;
       dpkit::allreduce(comm, v);
       for (auto x : v) CHECK(x == 3);
+    });
+  }
+}
+
+namespace {
+// `pages` pages of private anonymous memory, unmapped on destruction.
+struct anon_pages {
+  explicit anon_pages(std::size_t pages) : bytes(pages * 4096) {
+    void* q = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(q != MAP_FAILED);
+    p = static_cast<std::byte*>(q);
+  }
+  anon_pages(const anon_pages&) = delete;
+  anon_pages& operator=(const anon_pages&) = delete;
+  ~anon_pages() { munmap(p, bytes); }
+  std::size_t bytes;
+  std::byte* p = nullptr;
+};
+} // namespace
+
+TEST_CASE("register_memory: the caller's buffer keeps its address and contents, its whole pages run direct and its "
+          "edges the two-shot (the rank-order sum), and release makes it private again") {
+  for (int n : test_sizes::worlds({2, 3})) {
+    CAPTURE(n);
+    // segment buffers larger than the message: what went through them is
+    // what the two-shot moved (all of the message without the direct path)
+    dpkit::inproc_world world(n, nullptr, std::size_t{512} << 10);
+    std::mutex mu;
+    std::vector<std::string> bad;
+    std::barrier sync(n);
+    world.run([&](dpkit::inproc& comm) {
+      const int r = comm.rank();
+      const std::size_t count = 64 * 1024 + 37; // floats: 64 pages and a bit
+      // buffers at different offsets into their first page on every rank,
+      // so each rank's whole pages cover different elements
+      anon_pages in_mem(66), out_mem(66);
+      float* const in = reinterpret_cast<float*>(in_mem.p + 4 * (3 * r + 1));
+      float* const out = reinterpret_cast<float*>(out_mem.p + 4096 - 4 * (5 * r + 2));
+      for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(r + 1) * static_cast<float>(i % 7);
+      {
+        auto reg_in = dpkit::register_memory(comm, in, count * sizeof(float));
+        auto reg_out = dpkit::register_memory(comm, out, count * sizeof(float));
+        CHECK(reg_in.shared());
+        CHECK(reg_out.shared());
+        CHECK(reg_in.pages() == in_mem.p + 4096);
+        CHECK(reg_in.page_bytes() == 63 * 4096); // from the second page to the last whole one
+        // the pages are now a shared object's; the contents stayed
+        CHECK(dpkit::detail::mapping_at(reg_in.pages())->inode != 0);
+        bool kept = true;
+        for (std::size_t i = 0; i < count; ++i) kept &= in[i] == static_cast<float>(r + 1) * static_cast<float>(i % 7);
+        CHECK(kept);
+        const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+        for (bool in_place : {false, true})
+          for (bool two_shot : {true, false}) {
+            for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(r + 1) * static_cast<float>(i % 7);
+            std::span<float> in_s(in, count), out_s(in_place ? in : out, count);
+            sync.arrive_and_wait();
+            segment_bytes_changed(comm, 0x3c, true);
+            sync.arrive_and_wait();
+            if (two_shot) dpkit::allreduce_shm_two_shot(comm, in_s, out_s);
+            else dpkit::allreduce(comm, in_s, out_s);
+            const std::size_t through = segment_bytes_changed(comm, 0x3c, false);
+            sync.arrive_and_wait();
+            std::lock_guard lk(mu);
+            const std::string what = "rank " + std::to_string(r) + (in_place ? " in place" : " out of place") +
+                                     (two_shot ? " two-shot" : " automatic");
+            // the edges only (under a page before, under a page after, on
+            // the widest rank): the whole message is 256 KiB
+            if (through == 0 || through > 4 * 4096)
+              bad.push_back(what + ": " + std::to_string(through) + " bytes through the segment");
+            for (std::size_t i = 0; i < count; ++i)
+              if (out_s[i] != ranks_sum * static_cast<float>(i % 7)) {
+                bad.push_back(what + ": element " + std::to_string(i) + " is " + std::to_string(out_s[i]));
+                break;
+              }
+          }
+        sync.arrive_and_wait();
+      } // released: private memory with the results
+      CHECK(dpkit::detail::mapping_at(in_mem.p + 4096)->inode == 0);
+      CHECK(dpkit::detail::mapping_at(out_mem.p + 4096)->inode == 0);
+      const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+      bool kept = true;
+      for (std::size_t i = 0; i < count; ++i) kept &= in[i] == ranks_sum * static_cast<float>(i % 7);
+      CHECK(kept);
+      // private again: a write here is not seen by a peer's registration of
+      // the next window, nor the other way round (the next all-reduce two-shots)
+      std::span<float> in_s(in, count);
+      for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(r + 1);
+      sync.arrive_and_wait();
+      segment_bytes_changed(comm, 0x3c, true);
+      sync.arrive_and_wait();
+      dpkit::allreduce_shm_two_shot(comm, in_s);
+      CHECK(segment_bytes_changed(comm, 0x3c, false) > 4 * 4096);
+      CHECK(in[count / 2] == ranks_sum);
+    });
+    for (std::size_t i = 0; i < std::min<std::size_t>(bad.size(), 5); ++i) FAIL_CHECK(bad[i]);
+    CHECK(bad.empty());
+  }
+}
+
+TEST_CASE("register_memory: memory freed and mapped again before release is not written; no whole page on a rank "
+          "or no segment registers nothing on any rank") {
+  SUBCASE("freed first") {
+    dpkit::inproc_world world(2, nullptr, 4096);
+    world.run([&](dpkit::inproc& comm) {
+      anon_pages mem(5);
+      auto reg = dpkit::register_memory(comm, mem.p, mem.bytes);
+      REQUIRE(reg.shared());
+      // the caller frees the pages and someone else maps new ones there
+      void* q = mmap(mem.p, mem.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+      REQUIRE(q == static_cast<void*>(mem.p));
+      std::memset(mem.p, 0x5a, mem.bytes);
+      reg.release();
+      CHECK_FALSE(reg.shared());
+      bool untouched = true;
+      for (std::size_t i = 0; i < mem.bytes; ++i) untouched &= mem.p[i] == std::byte{0x5a};
+      CHECK(untouched);
+    });
+  }
+  SUBCASE("no whole page on one rank") {
+    dpkit::inproc_world world(3, nullptr, 4096);
+    world.run([&](dpkit::inproc& comm) {
+      anon_pages mem(3);
+      // rank 1's 5000 bytes straddle a page boundary without a whole page
+      std::byte* p = comm.rank() == 1 ? mem.p + 3000 : mem.p;
+      std::memset(p, 7, 5000);
+      auto reg = dpkit::register_memory(comm, p, 5000);
+      CHECK_FALSE(reg.shared());
+      CHECK(dpkit::detail::mapping_at(mem.p)->inode == 0);
+      CHECK(p[4999] == std::byte{7});
+      CHECK_THROWS_AS(dpkit::register_memory(comm, nullptr, 8), dpkit::invalid_argument);
+    });
+  }
+  SUBCASE("no segment") {
+    dpkit::inproc_world world(2, nullptr, 0);
+    world.run([&](dpkit::inproc& comm) {
+      anon_pages mem(4);
+      auto reg = dpkit::register_memory(comm, mem.p, mem.bytes);
+      CHECK_FALSE(reg.shared());
     });
   }
 }

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <utility>
 
 namespace dpkit {
 
@@ -171,69 +172,84 @@ bool direct_two_ranks_fused(const T* const* ins, T* const* outs, std::size_t b, 
 
 /// The direct all-reduce over symmetric memory (collectives/symmetric_memory.hpp),
 /// tried by the two-shot mode once the segment has had a window: every rank
-/// publishes where its input and output lie (window id and offset, or none)
-/// and takes one step. When every rank's input lies in one same window and
-/// every rank's output in one same window, rank r reduces slice r of the
-/// message reading every rank's input where it lies (rank order, so the bits
-/// are the two-shot's) and writes it into every rank's output, then one
-/// more step: one pass over memory per rank, no copy through the segment
-/// (the floor model's "direct", benchmarks/common/bench_floor.hpp). Returns
-/// false, after the step, when the ranks' buffers do not all qualify (the
-/// caller then runs the two-shot); the decision is the same on every rank (it
-/// reads the same published words). Outputs out of place are written with
-/// non-temporal stores from shm_nontemporal_min_bytes, as the two-shot's: on
-/// two ranks a line at a time from registers (reduce_into_two_nontemporal),
-/// otherwise through an 8 KiB block.
+/// publishes which elements of its input and output lie in a window (window
+/// id, offset, element range) and takes one step. When every rank's input
+/// lies in one same window and every rank's output in one same window, over
+/// a common range [lo, hi) of elements (all of them for buffers from
+/// allocate_symmetric; the whole pages inside the buffer for
+/// register_memory), rank r reduces slice r of that range reading every
+/// rank's input where it lies (rank order, so the bits are the two-shot's)
+/// and writes it into every rank's output, then one more step: one pass over
+/// memory per rank, no copy through the segment (the floor model's "direct",
+/// benchmarks/common/bench_floor.hpp). Returns {lo, hi}: the caller runs the
+/// two-shot on [0, lo) and [hi, count). Returns nullopt, after the step, when
+/// the ranks' buffers do not all qualify (the caller then runs the two-shot
+/// on everything); the decision is the same on every rank (it reads the same
+/// published words). Outputs out of place are written with non-temporal
+/// stores from shm_nontemporal_min_bytes, as the two-shot's: on two ranks a
+/// line at a time from registers (reduce_into_two_nontemporal), otherwise
+/// through an 8 KiB block.
 template <element T, class Steps>
-bool allreduce_shm_direct(Steps& st, const shm_segment& seg, const op_context& ctx, const T* in, T* out,
-                          std::size_t count, reduce_op op) {
+std::optional<std::pair<std::size_t, std::size_t>> allreduce_shm_direct(Steps& st, const shm_segment& seg,
+                                                                        const op_context& ctx, const T* in, T* out,
+                                                                        std::size_t count, reduce_op op) {
   const int n = ctx.size, r = ctx.rank;
   const std::size_t bytes = count * sizeof(T);
   shm_window_registry& reg = *seg.windows();
-  const auto [in_id, in_off] = reg.find(in, bytes, r);
-  const auto [out_id, out_off] = reg.find(out, bytes, r);
+  const shm_cover ci = reg.cover(in, bytes, r, sizeof(T));
+  const shm_cover co = reg.cover(out, bytes, r, sizeof(T));
   auto& word = seg.control(r).window;
-  word[0].store(in_id, std::memory_order_relaxed);
-  word[1].store(in_off, std::memory_order_relaxed);
-  word[2].store(out_id, std::memory_order_relaxed);
-  word[3].store(out_off, std::memory_order_relaxed);
+  word[0].store(ci.id, std::memory_order_relaxed);
+  word[1].store(ci.offset, std::memory_order_relaxed);
+  word[2].store(co.id, std::memory_order_relaxed);
+  word[3].store(co.offset, std::memory_order_relaxed);
+  word[4].store(ci.begin / sizeof(T), std::memory_order_relaxed);
+  word[5].store(ci.end / sizeof(T), std::memory_order_relaxed);
+  word[6].store(co.begin / sizeof(T), std::memory_order_relaxed);
+  word[7].store(co.end / sizeof(T), std::memory_order_relaxed);
   st.step(); // releases the words; every peer's input is complete from here
   const std::uint64_t want_in = seg.control(0).window[0].load(std::memory_order_relaxed);
   const std::uint64_t want_out = seg.control(0).window[2].load(std::memory_order_relaxed);
-  if (want_in == 0 || want_out == 0) return false;
+  if (want_in == 0 || want_out == 0) return std::nullopt;
   // every rank's buffers, at this process's addresses (small n: on the stack
   // up to 64 ranks)
   constexpr int max_ranks = 64;
-  if (n > max_ranks) return false;
+  if (n > max_ranks) return std::nullopt;
+  // the elements that lie in the windows on every rank
+  std::size_t lo = 0, hi = count;
+  for (int p = 0; p < n; ++p) {
+    const auto& w = seg.control(p).window;
+    if (w[0].load(std::memory_order_relaxed) != want_in || w[2].load(std::memory_order_relaxed) != want_out)
+      return std::nullopt;
+    lo = std::max<std::size_t>({lo, w[4].load(std::memory_order_relaxed), w[6].load(std::memory_order_relaxed)});
+    hi = std::min<std::size_t>({hi, w[5].load(std::memory_order_relaxed), w[7].load(std::memory_order_relaxed)});
+  }
+  if (lo >= hi) return std::nullopt;
+  const std::size_t m = hi - lo;
   const T* ins[max_ranks];
   T* outs[max_ranks];
   bool nt_to[max_ranks];
-  bool all = true;
   for (int p = 0; p < n; ++p) {
     const auto& w = seg.control(p).window;
-    const std::uint64_t pi = w[0].load(std::memory_order_relaxed), po = w[2].load(std::memory_order_relaxed);
-    const std::uint64_t pio = w[1].load(std::memory_order_relaxed), poo = w[3].load(std::memory_order_relaxed);
-    if (pi != want_in || po != want_out) {
-      all = false;
-      continue;
-    }
-    ins[p] = reinterpret_cast<const T*>(reg.address(pi, p, pio, bytes));
-    outs[p] = reinterpret_cast<T*>(reg.address(po, p, poo, bytes));
+    const std::uint64_t pio = w[1].load(std::memory_order_relaxed) + (lo - w[4].load(std::memory_order_relaxed)) * sizeof(T);
+    const std::uint64_t poo = w[3].load(std::memory_order_relaxed) + (lo - w[6].load(std::memory_order_relaxed)) * sizeof(T);
+    ins[p] = reinterpret_cast<const T*>(reg.address(want_in, p, pio, m * sizeof(T)));
+    outs[p] = reinterpret_cast<T*>(reg.address(want_out, p, poo, m * sizeof(T)));
     nt_to[p] = static_cast<const void*>(ins[p]) != static_cast<const void*>(outs[p]);
   }
-  if (!all) return false;
   // Every rank named the same windows, so every rank holds them: the
-  // addresses exist (a null one would be a peer's offset outside its region,
-  // which its own find() never gives).
-  const bool big = bytes >= shm_nontemporal_min_bytes(shm_nontemporal_min_bytes_default);
-  const auto own = chunk_range(count, n, r);
+  // addresses exist (a null one would be a peer's range outside its region,
+  // which its own cover() never gives).
+  const bool big = m * sizeof(T) >= shm_nontemporal_min_bytes(shm_nontemporal_min_bytes_default);
+  const auto own = chunk_range(m, n, r);
+  const auto done = std::make_optional(std::make_pair(lo, hi));
   // two ranks: reduce straight into both outputs (non-temporal stores a line
   // at a time from registers where the outputs are out of place and big)
   const bool two_nt = big && (nt_to[0] || nt_to[1]);
   if (n == 2 && direct_two_ranks_fused<T>(ins, outs, own.first, own.second, op, two_nt)) {
     if (two_nt) store_fence();
     st.step();
-    return true;
+    return done;
   }
   constexpr std::size_t block = std::max<std::size_t>(1, (std::size_t{8} << 10) / sizeof(T));
   alignas(64) std::byte tmp_bytes[block * sizeof(T)];
@@ -253,7 +269,7 @@ bool allreduce_shm_direct(Steps& st, const shm_segment& seg, const op_context& c
   }
   if (any_nt) store_fence();
   st.step(); // every output is complete once every rank passed it
-  return true;
+  return done;
 }
 
 /// Shared-memory all-reduce of `count` host elements from `in` to `out`
@@ -278,9 +294,16 @@ void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T
   if (count == 0) return shm_zero_count_check(comm, seg, S, ctx);
   if (n == 1) return shm_single_rank(in, out, count);
   shm_steps<C> st(comm, seg, S, ctx);
-  if (mode == shm_mode::two_shot && seg.windows()->created() > 0 &&
-      allreduce_shm_direct<T>(st, seg, ctx, in, out, count, op))
-    return;
+  // the two-shot runs on elements [0, head) and [tail, count): all of them,
+  // or what the direct path left (the parts of registered buffers outside
+  // their whole pages)
+  std::size_t head = count, tail = count;
+  if (mode == shm_mode::two_shot && seg.windows()->created() > 0)
+    if (const auto direct = allreduce_shm_direct<T>(st, seg, ctx, in, out, count, op)) {
+      head = direct->first;
+      tail = direct->second;
+      if (head == 0 && tail == count) return;
+    }
   // Two-shot writes a large output (out of place, from
   // shm_nontemporal_min_bytes_default or DPKIT_SHM_NT_BYTES) with
   // non-temporal stores: ordinary stores read each of its lines first. In
@@ -301,8 +324,10 @@ void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T
   // publish again before every peer's first step of that chunk).
   segment_store_tuner& tuner = seg.store_tuner();
   std::atomic<std::uint32_t>& store_mode = seg.control(0).store_mode;
-  for (std::size_t off = 0; off < count; off += cap) {
-    const std::size_t m = std::min(cap, count - off);
+  const std::pair<std::size_t, std::size_t> parts[2] = {{0, head}, {tail, count}};
+  for (const auto& part : parts)
+  for (std::size_t off = part.first; off < part.second; off += cap) {
+    const std::size_t m = std::min(cap, part.second - off);
     const int b = st.next_buffer();
     if (mode == shm_mode::one_shot) {
       std::memcpy(static_cast<void*>(st.mine(b)), static_cast<const void*>(in + off), m * sizeof(T));

@@ -72,9 +72,11 @@ struct alignas(64) shm_control {
   char pad1[52];
   std::atomic<std::uint64_t> fp_version{0};
   std::atomic<std::uint64_t> fp_words[shm_fp_words]{};
-  // [0] input's window id (0: not in one), [1] its offset in the rank's
-  // region (bytes), [2] output's window id, [3] its offset
-  alignas(64) std::atomic<std::uint64_t> window[4]{};
+  // [0] input's window id (0: not in one), [1] the byte offset in the rank's
+  // region of its element [4], [2] output's window id, [3] the offset of its
+  // element [6]; [4, 5) and [6, 7) the elements of input and output that lie
+  // in the window (all of them for a buffer inside it)
+  alignas(64) std::atomic<std::uint64_t> window[8]{};
 };
 static_assert(sizeof(shm_control) == 256);
 static_assert(shm_fp_words <= 7);
@@ -164,11 +166,25 @@ inline void shm_touch_pages(std::byte* p, std::size_t n, bool write) noexcept {
 /// One window of symmetric memory as this process maps it
 /// (collectives/symmetric_memory.hpp): `n` regions of `stride` bytes from
 /// `base`, region p rank p's, of which `region_bytes` are the caller's.
+/// `own`, when not null, is where this rank's region also lies as its user
+/// sees it (register_memory: the user's own pages, remapped onto the region);
+/// collectives always address the regions from `base`.
 struct shm_window_entry {
   std::uint64_t id = 0;
   std::byte* base = nullptr;
   std::size_t stride = 0;
   std::size_t region_bytes = 0;
+  std::byte* own = nullptr;
+};
+
+/// The part of a buffer that lies in a window (shm_window_registry::cover):
+/// bytes [begin, end) of the buffer lie in window `id` from byte `offset` of
+/// the rank's region; id 0 (and the rest 0) when no byte does.
+struct shm_cover {
+  std::uint64_t id = 0;
+  std::uint64_t offset = 0;
+  std::size_t begin = 0;
+  std::size_t end = 0;
 };
 
 /// The windows of symmetric memory a rank holds over one shared segment,
@@ -200,21 +216,42 @@ public:
   /// now: {id, byte offset in the region}, or {0, 0} when they are not all
   /// inside one.
   std::pair<std::uint64_t, std::uint64_t> find(const void* p, std::size_t bytes, int rank) const noexcept {
-    std::lock_guard<std::mutex> lock(m_);
-    const auto a = reinterpret_cast<std::uintptr_t>(p);
-    for (const auto& e : windows_) {
-      const auto lo = reinterpret_cast<std::uintptr_t>(e.base + e.stride * static_cast<std::size_t>(rank));
-      if (a >= lo && a - lo <= e.region_bytes && bytes <= e.region_bytes - (a - lo)) return {e.id, a - lo};
-    }
+    const shm_cover c = cover(p, bytes, rank, 1);
+    if (c.id != 0 && c.begin == 0 && c.end == bytes) return {c.id, c.offset};
     return {0, 0};
   }
+  /// The largest part of the `bytes` bytes at `p` that lies in rank `rank`'s
+  /// region of one window held now (as this rank's user sees the region:
+  /// `own` where set), trimmed to whole elements of `elem` bytes counted from
+  /// `p`: bytes [begin, end) of the buffer, multiples of elem, from byte
+  /// `offset` of the region. {0, 0, 0, 0} when no whole element does.
+  shm_cover cover(const void* p, std::size_t bytes, int rank, std::size_t elem) const noexcept {
+    std::lock_guard<std::mutex> lock(m_);
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    shm_cover best;
+    for (const auto& e : windows_) {
+      const auto lo = reinterpret_cast<std::uintptr_t>(
+          e.own != nullptr ? e.own : e.base + e.stride * static_cast<std::size_t>(rank));
+      const std::uintptr_t hi = lo + e.region_bytes;
+      if (e.region_bytes == 0 || a >= hi || a + bytes <= lo) continue;
+      std::size_t b = a >= lo ? 0 : static_cast<std::size_t>(lo - a);
+      std::size_t end = a + bytes <= hi ? bytes : static_cast<std::size_t>(hi - a);
+      b = (b + elem - 1) / elem * elem;
+      end = end / elem * elem;
+      if (end > b && end - b > best.end - best.begin) best = {e.id, a + b - lo, b, end};
+    }
+    return best;
+  }
   /// Rank `rank`'s byte `offset` in window `id`, or nullptr when this rank
-  /// does not hold that window or the `bytes` from there leave the region.
+  /// does not hold that window or the `bytes` from there leave the region
+  /// (for a registered window, whose ranks' regions hold different byte
+  /// counts, the stride).
   std::byte* address(std::uint64_t id, int rank, std::uint64_t offset, std::size_t bytes) const noexcept {
     std::lock_guard<std::mutex> lock(m_);
     for (const auto& e : windows_)
       if (e.id == id) {
-        if (offset > e.region_bytes || bytes > e.region_bytes - offset) return nullptr;
+        const std::size_t limit = e.own != nullptr ? e.stride : e.region_bytes;
+        if (offset > limit || bytes > limit - offset) return nullptr;
         return e.base + e.stride * static_cast<std::size_t>(rank) + offset;
       }
     return nullptr;
