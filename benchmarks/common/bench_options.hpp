@@ -117,6 +117,7 @@ struct options {
   std::string predict_shape;              ///< --predict NxL (allreduce_perf)
   bool floor = false;                     ///< --floor: the memory floor under each row (allreduce_perf, host)
   bool symmetric = false;                 ///< --memory symmetric: buffers from dpkit::allocate_symmetric
+  bool registered = false;                ///< --memory registered: host buffers passed to dpkit::register_memory
   /// --rendezvous URL, --rank R, --world-size W as typed (nullopt: not
   /// given): a launch without mpirun, resolved with the environment by
   /// dpkit::resolve_launch (transport/launch.hpp) in bench_main.
@@ -199,9 +200,10 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
                "time native as dpkit runs it by default: MPI's non-blocking collective waited against the deadline "
                "(default: the blocking MPI call, the baseline)");
   app.add_option("--memory", memory,
-                 "host (default) or symmetric (dpkit::allocate_symmetric: every rank of the node maps every "
-                 "rank's buffers, and the shm all-reduce reads and writes them directly); device buffers are "
-                 "not supported");
+                 "host (default), symmetric (dpkit::allocate_symmetric: every rank of the node maps every "
+                 "rank's buffers, and the shm all-reduce reads and writes them directly) or registered (host "
+                 "buffers, then dpkit::register_memory on them: the same, for memory the caller allocated); "
+                 "device buffers are not supported");
   app.add_flag("--skip-in-place", o.skip_in_place,
                "measure out of place only (in-place columns print N/A): for MPI components whose MPI_IN_PLACE is "
                "broken, e.g. Open MPI 4.1.4's coll/han, which crashes on in-place all-reduces from 256 KiB");
@@ -316,8 +318,10 @@ inline std::optional<options> parse_options(int argc, char** argv, collective ki
   if (memory == "device")
     return fail("--memory device: these benchmarks measure host-memory collectives only (the CUDA reduction "
                 "kernels have build/benchmarks/reduce_kernel_perf)");
-  if (memory != "host" && memory != "symmetric") return fail("--memory must be host or symmetric");
+  if (memory != "host" && memory != "symmetric" && memory != "registered")
+    return fail("--memory must be host, symmetric or registered");
   o.symmetric = memory == "symmetric";
+  o.registered = memory == "registered";
   if (o.ngpus < 1) return fail("-g must be >= 1");
   if (o.ngpus > 1)
     return fail("-g " + std::to_string(o.ngpus) +

@@ -323,6 +323,9 @@ inline void print_run_header(std::FILE* f, const run_info& info) {
   if (o.symmetric)
     std::fprintf(f, "# Memory: symmetric (dpkit::allocate_symmetric; %s)\n",
                  "on one node every rank maps the others' buffers and the shm all-reduce runs direct");
+  if (o.registered)
+    std::fprintf(f, "# Memory: registered (host buffers passed to dpkit::register_memory; %s)\n",
+                 "on one node their pages are remapped onto memory every rank maps, and the shm all-reduce runs direct");
   if (o.rotate_auto)
     std::fprintf(f,
                  "# Buffer rotation: auto, per size enough sets to span 2 x the last-level cache (%zu bytes); "

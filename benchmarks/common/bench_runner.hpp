@@ -109,6 +109,10 @@ public:
       recv_ = allocate(pool);
       send_base_ = send_.get();
       recv_base_ = recv_.get();
+      if (o_.registered) { // (collective, as above)
+        reg_send_ = dpkit::register_memory(comm_, send_base_, pool, hopts_);
+        reg_recv_ = dpkit::register_memory(comm_, recv_base_, pool, hopts_);
+      }
     }
     if (o_.check) expect_ = allocate(o_.max_bytes);
 
@@ -476,6 +480,7 @@ private:
   std::size_t cursor_ = 0; ///< -R: the next buffer set
   buffer send_, recv_, expect_;
   dpkit::symmetric_memory sym_send_, sym_recv_; // --memory symmetric
+  dpkit::registered_memory reg_send_, reg_recv_; // --memory registered: released before send_ and recv_ are freed
   std::byte* send_base_ = nullptr;               // send_'s or sym_send_'s bytes
   std::byte* recv_base_ = nullptr;
   struct expect_key {
