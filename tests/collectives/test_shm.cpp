@@ -933,6 +933,30 @@ TEST_CASE("register_memory: memory freed and mapped again before release is not 
       CHECK(untouched);
     });
   }
+  SUBCASE("memory already symmetric on one rank: invalid_argument on every rank, naming it") {
+    dpkit::inproc_world world(2, nullptr, 4096);
+    std::atomic<int> threw{0};
+    world.run([&](dpkit::inproc& comm) {
+      anon_pages mem(4), other(4);
+      auto reg = dpkit::register_memory(comm, mem.p, mem.bytes);
+      REQUIRE(reg.shared());
+      // rank 1 registers an overlapping range again, rank 0 fresh memory
+      std::byte* p = comm.rank() == 1 ? mem.p + 4096 : other.p;
+      try {
+        (void)dpkit::register_memory(comm, p, 2 * 4096);
+      } catch (const dpkit::invalid_argument& e) {
+        CHECK(std::string(e.what()).find("rank 1's buffer lies in symmetric memory already") != std::string::npos);
+        ++threw;
+      }
+      auto sym = dpkit::allocate_symmetric(comm, 3 * 4096);
+      CHECK_THROWS_AS(dpkit::register_memory(comm, sym.data(), sym.size()), dpkit::invalid_argument);
+      // after the release the same pages register again
+      reg.release();
+      auto again = dpkit::register_memory(comm, mem.p, mem.bytes);
+      CHECK(again.shared());
+    });
+    CHECK(threw == 2);
+  }
   SUBCASE("no whole page on one rank") {
     dpkit::inproc_world world(3, nullptr, 4096);
     world.run([&](dpkit::inproc& comm) {

@@ -431,9 +431,11 @@ private:
 ///          DPKIT_SHM_BYTES=0), or a rank could not create, map or remap the
 ///          object (a /dev/shm too small: then the buffers stay private).
 /// @throws dpkit::invalid_argument naming the rank when p is null with bytes
-///         > 0 or the ranks are at different allocations (another rank
-///         registered or allocated more or fewer windows so far); what the
-///         setup's collectives throw.
+///         > 0, the ranks are at different allocations (another rank
+///         registered or allocated more or fewer windows so far), or a rank's
+///         buffer overlaps symmetric memory it holds (a registration not
+///         released, allocate_symmetric's memory; every rank throws); what
+///         the setup's collectives throw.
 template <transport C>
 registered_memory register_memory(C& comm, void* p, std::size_t bytes, const collective_options& o) {
   const int rank = comm.rank(), n = comm.size();
@@ -447,13 +449,22 @@ registered_memory register_memory(C& comm, void* p, std::size_t bytes, const col
   if constexpr (shared_memory_transport<C>)
     if (has_shm) reg = comm.shm()->windows();
   const std::uint64_t id = reg ? reg->next_id() : 0;
-  // agree on the largest and smallest page count and the window id
-  std::array<std::uint64_t, 4> agree{len, ~static_cast<std::uint64_t>(len), id, ~id};
+  // pages already in a window here (registered before, or allocate_symmetric's):
+  // remapping them again would leave the other window's regions stale
+  const bool overlaps = reg && len > 0 && reg->cover(p, bytes, rank, 1).id != 0;
+  // agree on the largest and smallest page count, the window id, and the
+  // highest rank whose buffer overlaps a window (+1; 0: none)
+  std::array<std::uint64_t, 5> agree{len, ~static_cast<std::uint64_t>(len), id, ~id,
+                                     overlaps ? static_cast<std::uint64_t>(rank) + 1 : 0};
   allreduce(comm, agree, reduce_op::max, allreduce_policy{}, o);
   if (agree[2] != ~agree[3])
     throw invalid_argument(who + ": ranks are at different allocations (this rank's is window " + std::to_string(id) +
                            ", others' from " + std::to_string(~agree[3]) + " to " + std::to_string(agree[2]) +
                            "): every rank must call register_memory and allocate_symmetric in the same order");
+  if (agree[4] != 0)
+    throw invalid_argument(who + ": rank " + std::to_string(agree[4] - 1) +
+                           "'s buffer lies in symmetric memory already (registered or from allocate_symmetric); "
+                           "release it first");
   registered_memory m;
   if (!reg || ~agree[1] == 0) return m; // a rank without a whole page, or no segment: nothing registered
   const std::size_t stride = detail::symmetric_stride(static_cast<std::size_t>(agree[0]));
