@@ -74,13 +74,16 @@ def op_setup(op: str, nominal: int, rank: int, world: int):
     ranks = range(world)
 
     if op == "all_reduce":
+        common.release_registered()  # the previous size's
         x = torch.empty(c)
         want = sum(pattern(p, c) for p in ranks)
 
         def prepare(b, g):
-            x.copy_(pattern(rank, c))
-            dist.all_reduce(x, group=g)
-            return (lambda: dist.all_reduce(x, group=g)), wrong(x, want)
+            # "dpkit_registered": a tensor of its own, registered first
+            t = common.register(torch.empty(c), g) if b == "dpkit_registered" else x
+            t.copy_(pattern(rank, c))
+            dist.all_reduce(t, group=g)
+            return (lambda: dist.all_reduce(t, group=g)), wrong(t, want)
         return c * 4, c, 2 * split, "dist.all_reduce float32 sum, in place", prepare
 
     if op == "broadcast":

@@ -36,7 +36,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--batches", type=int, default=15, help="timed batches per size and backend (median)")
     ap.add_argument("--backends", default="dpkit,gloo",
                     help="comma-separated; the first is the default group; \"dpkit_store\" is dpkit made "
-                         "through torch's store even under mpirun")
+                         "through torch's store even under mpirun; \"dpkit_registered\" is dpkit with the "
+                         "all-reduce's tensor registered (dpkit.distributed.register_memory)")
     ap.add_argument("--bind", action="store_true",
                     help="bind each rank to its share of the CPUs (dpkit.distributed.bind_to_cores), as mpirun "
                          "does by default and torchrun does not; no effect under mpirun")
@@ -64,6 +65,33 @@ def register_dpkit_store() -> None:
     dpkit.distributed._register(dist, dpkit.distributed._create_store, "dpkit_store")
 
 
+def register_dpkit_registered() -> None:
+    """Registers backend "dpkit_registered": a second "dpkit" group, on
+    which the scripts' all-reduces run on tensors passed to
+    dpkit.distributed.register_memory first (their pages shared by the
+    ranks: the direct all-reduce), beside "dpkit" on unregistered tensors,
+    alternated batch by batch in one run."""
+    dpkit.distributed._register(dist, dpkit.distributed._create, "dpkit_registered")
+
+
+# (tensor, group) registered for the current size; released before the next
+registered: List[Tuple[torch.Tensor, object]] = []
+
+
+def register(t: torch.Tensor, g) -> torch.Tensor:
+    """register_memory(t, g), remembered for release_registered(); returns t."""
+    dpkit.distributed.register_memory(t, g)
+    registered.append((t, g))
+    return t
+
+
+def release_registered() -> None:
+    """Ends every registration register() made (their tensors private again)."""
+    for t, g in registered:
+        dpkit.distributed.release_memory(t, g)
+    registered.clear()
+
+
 def init(args) -> Tuple[int, int, List[str], Dict[str, object]]:
     """Binds (--bind), makes the default group of the first backend
     (ranks from mpirun under mpirun, else env://) and one group of each
@@ -74,6 +102,8 @@ def init(args) -> Tuple[int, int, List[str], Dict[str, object]]:
     backends = args.backends.split(",")
     if "dpkit_store" in backends:
         register_dpkit_store()
+    if "dpkit_registered" in backends:
+        register_dpkit_registered()
     if args.bind:
         dpkit.distributed.bind_to_cores()
     timeout = datetime.timedelta(minutes=5)

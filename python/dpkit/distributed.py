@@ -317,3 +317,95 @@ def init_process_group(backend: str = "dpkit", timeout: datetime.timedelta = dat
         addr = f"tcp://{host}:{port}"
     addr = _dist.broadcast_string(addr, 0)
     dist.init_process_group(backend, init_method=addr, rank=rank, world_size=world, timeout=timeout, **kwargs)
+
+
+def _dpkit_backend(group, what: str):
+    """The ProcessGroupDpkit under `group` (None: the default group)."""
+    import torch
+    import torch.distributed as dist
+    from . import _dist
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if hasattr(pg, "_get_backend"):  # torch 2.x: the backend under torch's ProcessGroup
+        pg = pg._get_backend(torch.device("cpu"))
+    if not isinstance(pg, _dist.ProcessGroupDpkit):
+        raise ValueError(f"dpkit.distributed.{what}: the group's backend is {type(pg).__name__}, not dpkit's")
+    return pg
+
+
+def register_memory(tensor, group=None) -> bool:
+    """Registers a CPU tensor's memory with a "dpkit" group (C++
+    ``dpkit::register_memory``, as ``ncclCommRegister`` or torch's
+    symmetric-memory rendezvous for device memory): on one node the whole
+    4096-byte pages inside the tensor are remapped, in place and with their
+    contents, onto memory every rank of the group maps, so an all-reduce of
+    the tensor reads and writes the peers' buffers directly in one pass
+    instead of copying through the shared segment
+    (benchmarks/results/2026-12-05-registered-memory.md). Worth it for
+    tensors all-reduced many times (gradient buckets: see
+    :func:`registered_allreduce_hook`).
+
+    Collective over the group: every rank calls it, in the same order
+    relative to the group's other operations (it is queued behind them and
+    returns once done). The group keeps a reference to the tensor until
+    :func:`release_memory` or the group's shutdown. Registering a tensor
+    already registered is a no-op. While registered, the pages are shared
+    memory: a process forked from this one shares them.
+
+    Returns True when the ranks map the pages, False when nothing was
+    registered (a tensor without a whole page on some rank, ranks on
+    several nodes) and the tensor works as before. Raises
+    dpkit.InvalidArgument for a non-contiguous, sparse or non-CPU tensor,
+    or one that overlaps another registration (on every rank), and
+    ValueError when the group is not a "dpkit" group."""
+    return _dpkit_backend(group, "register_memory")._register_memory(tensor)
+
+
+def release_memory(tensor, group=None) -> bool:
+    """Ends :func:`register_memory`'s registration of `tensor` after the
+    group's operations queued before this call: its pages become private
+    memory again with their contents, and the group drops its reference.
+    Not collective. Returns False when the tensor was not registered."""
+    return _dpkit_backend(group, "release_memory")._release_memory(tensor)
+
+
+class RegisteredAllreduce:
+    """The state of :func:`registered_allreduce_hook`: the group and the
+    bucket buffers it registered, by bucket index. ``release()`` ends every
+    registration (call it on every rank when training is over, or let the
+    group's shutdown do it)."""
+
+    def __init__(self, group=None):
+        self.group = group
+        self.buffers = {}
+        self.shared = {}  # bucket index -> register_memory's result (True: the ranks map its pages)
+
+    def release(self) -> None:
+        for t in self.buffers.values():
+            release_memory(t, self.group)
+        self.buffers.clear()
+        self.shared.clear()
+
+
+def registered_allreduce_hook(state: RegisteredAllreduce, bucket):
+    """A DistributedDataParallel communication hook (``model.register_comm_hook(
+    dpkit.distributed.RegisteredAllreduce(group), dpkit.distributed.registered_allreduce_hook)``)
+    that does what DDP's default does (torch's ``allreduce_hook``: each
+    bucket's flat gradient buffer divided by the world size, then summed
+    over the ranks) with each buffer registered
+    (:func:`register_memory`) the first time the hook sees it. DDP keeps a
+    bucket's buffer across iterations; when it rebuilds its buckets (after
+    the first iteration) the new buffers are registered and the old ones
+    released. Every rank sees the buckets in the same order, so the
+    registrations, collective, stay in step."""
+    import torch.distributed as dist
+    buf = bucket.buffer()
+    i = bucket.index()
+    old = state.buffers.get(i)
+    if old is None or old.data_ptr() != buf.data_ptr() or old.numel() != buf.numel():
+        if old is not None:
+            release_memory(old, state.group)
+        state.shared[i] = register_memory(buf, state.group)
+        state.buffers[i] = buf
+    buf.div_(dist.get_world_size(state.group))
+    fut = dist.all_reduce(buf, group=state.group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])

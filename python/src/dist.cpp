@@ -103,7 +103,12 @@ PYBIND11_MODULE(_dist_ext, m) {
 #endif
   cls.def("shutdown", &process_group_dpkit::shutdown, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("inline_bytes", &process_group_dpkit::inline_bytes)
-      .def_property_readonly("transport", &process_group_dpkit::transport_name);
+      .def_property_readonly("transport", &process_group_dpkit::transport_name)
+      .def("_register_memory", &process_group_dpkit::register_memory, py::arg("tensor"),
+           py::call_guard<py::gil_scoped_release>(), "dpkit.distributed.register_memory")
+      .def("_release_memory", &process_group_dpkit::release_memory, py::arg("tensor"),
+           py::call_guard<py::gil_scoped_release>(), "dpkit.distributed.release_memory")
+      .def_property_readonly("_registered_tensors", &process_group_dpkit::registered_tensors);
   py::class_<elastic_core, std::shared_ptr<elastic_core>>(m, "ElasticCore")
       .def(py::init([](const std::string& url, std::int64_t id, int first_size, int min_size, bool majority,
                        std::chrono::milliseconds heartbeat_interval, std::chrono::milliseconds dead_after,

@@ -482,9 +482,11 @@ def make_model():
                                torch.nn.Linear(64, 4))
 
 
-def train(group, steps=30):
+def train(group, steps=30, hook=None, model_fn=make_model):
     r = dist.get_rank()
-    model = torch.nn.parallel.DistributedDataParallel(make_model(), process_group=group, bucket_cap_mb=0.01)
+    model = torch.nn.parallel.DistributedDataParallel(model_fn(), process_group=group, bucket_cap_mb=0.01)
+    if hook is not None:
+        model.register_comm_hook(*hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(42 + r)
     losses = []
@@ -508,6 +510,59 @@ def case_ddp():
     l_gloo, p_gloo = train(gloo)
     return {"dpkit": l_dpkit, "gloo": l_gloo, "params_equal": bool(torch.equal(p_dpkit, p_gloo)),
             "max_param_diff": float((p_dpkit - p_gloo).abs().max())}
+
+
+def case_registered():
+    """DDP over "dpkit" with its bucket buffers registered
+    (registered_allreduce_hook) against DDP over "gloo": the same losses and
+    parameters; then register_memory / release_memory on tensors directly."""
+    r, w = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    state = dpkit.distributed.RegisteredAllreduce()
+
+    def wide_model():
+        # 1.1 MB of parameters: past DDP's first bucket (1 MiB), so the
+        # 10 KB cap makes several buckets
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4096),
+                                   torch.nn.Tanh(), torch.nn.Linear(4096, 4))
+    l_reg, p_reg = train(None, steps=10, hook=(state, dpkit.distributed.registered_allreduce_hook), model_fn=wide_model)
+    l_gloo, p_gloo = train(gloo, steps=10, model_fn=wide_model)
+    pg = dist.distributed_c10d._get_default_group()
+    if hasattr(pg, "_get_backend"):
+        pg = pg._get_backend(torch.device("cpu"))
+    out = {"dpkit": l_reg, "gloo": l_gloo, "params_equal": bool(torch.equal(p_reg, p_gloo)),
+           "max_param_diff": float((p_reg - p_gloo).abs().max()), "buckets": len(state.buffers),
+           "shared_buckets": sum(state.shared.values()), "registered_during": pg._registered_tensors}
+    state.release()
+    out["registered_after_release"] = pg._registered_tensors
+    # 5000 floats inline, 300k on the worker thread: right, and the data
+    # survive registration and release
+    ranks_sum = w * (w + 1) // 2
+    checks = []
+    for n in (5000, 300_000):
+        t = torch.arange(n, dtype=torch.float32) * (r + 1)
+        shared = dpkit.distributed.register_memory(t)
+        same = dpkit.distributed.register_memory(t)  # already registered: a no-op
+        kept = bool(torch.equal(t, torch.arange(n, dtype=torch.float32) * (r + 1)))
+        dist.all_reduce(t)
+        right = bool(torch.equal(t, torch.arange(n, dtype=torch.float32) * ranks_sum))
+        released = dpkit.distributed.release_memory(t)
+        again = dpkit.distributed.release_memory(t)
+        after = bool(torch.equal(t, torch.arange(n, dtype=torch.float32) * ranks_sum))
+        checks.append([shared, same, kept, right, released, again, after])
+    out["checks"] = checks
+    try:
+        dpkit.distributed.register_memory(torch.zeros(64, 64).t())
+        out["noncontiguous"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["noncontiguous"] = f"{type(e).__name__}: {e}"
+    try:
+        dpkit.distributed.register_memory(torch.zeros(4), group=gloo)
+        out["gloo_group"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["gloo_group"] = f"{type(e).__name__}: {e}"
+    return out
 
 
 def case_errors():

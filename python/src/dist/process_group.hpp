@@ -15,6 +15,8 @@
 #include "store.hpp"
 #include "work.hpp"
 
+#include <map>
+
 namespace dpkit_dist {
 
 inline std::mutex registry_mu;
@@ -134,6 +136,15 @@ public:
       }
       p2p_pending_.clear();
     }
+    {
+      // private pages again (the registrations may outlive the transport;
+      // the tensors' last references may take the GIL: not with mu_ held)
+      std::map<std::uintptr_t, std::shared_ptr<tensor_registration>> regs;
+      {
+        const std::lock_guard lk(reg_mu_);
+        regs.swap(registrations_);
+      }
+    }
     const std::lock_guard lk(mu_);
     stopped_ = true;
     gloo_.reset();
@@ -208,7 +219,72 @@ public:
   /// Collectives run inline (no worker hand-off) up to this many bytes.
   std::size_t inline_bytes() const noexcept { return inline_bytes_; }
 
+  /// dpkit::register_memory on tensor t's bytes (collectives/symmetric_memory.hpp):
+  /// on one node, the whole pages inside t become memory every rank of the
+  /// group maps, so an all-reduce on t runs the shm all-reduce's direct path.
+  /// Collective over the group, in call order with its other operations
+  /// (queued behind them; returns once done). Keeps a reference to t until
+  /// release_memory(t) or shutdown, so its memory is not freed while
+  /// registered. A tensor already registered (the same data pointer and
+  /// byte count) is not registered again (no collective).
+  /// @returns true when the ranks map t's pages (false: too small, or no
+  ///          shared segment; t works as before).
+  /// @throws dpkit::invalid_argument for an undefined, sparse, non-CPU or
+  ///         non-contiguous tensor, or one overlapping another registration
+  ///         (every rank); what the setup's collectives throw.
+  bool register_memory(const at::Tensor& t) {
+    check_dense(t, "register_memory");
+    const auto key = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+    {
+      const std::lock_guard lk(reg_mu_);
+      if (auto it = registrations_.find(key); it != registrations_.end() && it->second->bytes == nbytes(t))
+        return it->second->memory.shared();
+    }
+    auto entry = std::make_shared<tensor_registration>();
+    entry->tensor = t;
+    entry->bytes = nbytes(t);
+    auto work = submit(c10d::OpType::UNKNOWN, {}, entry->bytes, timeout_of(timeout_),
+                       [entry](auto& c, const dpkit::collective_options& o) {
+                         entry->memory = dpkit::register_memory(c, entry->tensor.data_ptr(), entry->bytes, o);
+                       });
+    work->wait();
+    const bool shared = entry->memory.shared();
+    const std::lock_guard lk(reg_mu_);
+    registrations_[key] = std::move(entry);
+    return shared;
+  }
+  /// Ends t's registration (registered_memory::release: its pages private
+  /// again with their contents) after the operations queued before this
+  /// call, and drops the reference to t. Not collective.
+  /// @returns false when t is not registered with this group.
+  bool release_memory(const at::Tensor& t) {
+    std::shared_ptr<tensor_registration> entry;
+    {
+      const std::lock_guard lk(reg_mu_);
+      auto it = registrations_.find(reinterpret_cast<std::uintptr_t>(t.defined() ? t.data_ptr() : nullptr));
+      if (it == registrations_.end()) return false;
+      entry = std::move(it->second);
+      registrations_.erase(it);
+    }
+    auto work = submit(c10d::OpType::UNKNOWN, {}, 0, timeout_of(timeout_),
+                       [entry](auto&, const dpkit::collective_options&) { entry->memory.release(); });
+    work->wait();
+    return true;
+  }
+  /// The number of tensors registered with this group now (register_memory).
+  std::size_t registered_tensors() {
+    const std::lock_guard lk(reg_mu_);
+    return registrations_.size();
+  }
+
 private:
+  /// A tensor registered with register_memory, and the reference that keeps
+  /// its memory alive.
+  struct tensor_registration {
+    at::Tensor tensor;
+    std::size_t bytes = 0;
+    dpkit::registered_memory memory;
+  };
   using body = std::function<void(comm_ref, const dpkit::collective_options&)>;
   struct task {
     body run;
@@ -385,6 +461,8 @@ private:
   std::uint32_t internal_tags_ = 0; // the monitored barrier's tags; p2p_mu_
   std::thread worker_;
   std::shared_ptr<std::function<void()>> shutdown_fn_;
+  std::mutex reg_mu_;
+  std::map<std::uintptr_t, std::shared_ptr<tensor_registration>> registrations_; // by data pointer; reg_mu_
 };
 
 /// Shuts down every live group, then MPI_Finalize if this module initialized
