@@ -160,6 +160,56 @@ TEST_CASE("mpi shm all-reduce over symmetric memory: MPI_Allreduce's result, rea
       }
 }
 
+TEST_CASE("mpi shm all-reduce over registered buffers (register_memory on std::vector): MPI_Allreduce's result, "
+          "the whole pages direct and only the edges through the segment; the data survive the release") {
+  dpkit::mpi comm(MPI_COMM_WORLD);
+  REQUIRE(comm.shm() != nullptr);
+  const int r = comm.rank(), n = comm.size();
+  const std::size_t count = (std::size_t{9} << 20) / sizeof(std::int32_t) + 5; // out of place: non-temporal stores
+  // malloc'd buffers at offsets that differ by rank
+  std::vector<std::int32_t> in_mem(count + 64), out_mem(count + 64);
+  std::int32_t* in = in_mem.data() + 3 * r;
+  std::int32_t* out = out_mem.data() + 7 * r + 1;
+  std::mt19937_64 g(static_cast<unsigned>(r) + 29);
+  for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<std::int32_t>(g() % 50);
+  const std::vector<std::int32_t> before(in, in + count);
+  auto* seg = comm.shm();
+  {
+    auto reg_in = dpkit::register_memory(comm, in, count * sizeof(std::int32_t));
+    auto reg_out = dpkit::register_memory(comm, out, count * sizeof(std::int32_t));
+    REQUIRE(reg_in.shared());
+    REQUIRE(reg_out.shared());
+    CHECK(std::memcmp(in, before.data(), count * sizeof(std::int32_t)) == 0);
+    for (auto op : {dpkit::reduce_op::sum, dpkit::reduce_op::max})
+      for (bool in_place : {false, true}) {
+        CAPTURE(static_cast<int>(op));
+        CAPTURE(in_place);
+        std::memcpy(in, before.data(), count * sizeof(std::int32_t));
+        std::vector<std::int32_t> ref(count);
+        MPI_Allreduce(in, ref.data(), static_cast<int>(count), MPI_INT32_T, mpi_op(op), MPI_COMM_WORLD);
+        MPI_Barrier(MPI_COMM_WORLD);
+        for (int b = 0; b < 2; ++b) std::memset(seg->buffer(r, b), 0xa5, seg->slot_bytes());
+        MPI_Barrier(MPI_COMM_WORLD);
+        std::int32_t* o = in_place ? in : out;
+        dpkit::allreduce(comm, std::span<std::int32_t>(in, count), std::span<std::int32_t>(o, count), op);
+        std::size_t through = 0;
+        for (int b = 0; b < 2; ++b)
+          for (std::size_t i = 0; i < seg->slot_bytes(); ++i) through += seg->buffer(r, b)[i] != std::byte{0xa5};
+        // the edges only (under a page each side; the message is 9 MiB)
+        if (n > 1) CHECK(through <= 4 * 4096);
+        std::size_t first = count;
+        for (std::size_t i = 0; i < count && first == count; ++i)
+          if (o[i] != ref[i]) first = i;
+        CHECK(first == count);
+      }
+    MPI_Barrier(MPI_COMM_WORLD);
+  } // released before the vectors free their memory
+  // private again, with the last result (in place: the max)
+  std::vector<std::int32_t> ref(count);
+  MPI_Allreduce(before.data(), ref.data(), static_cast<int>(count), MPI_INT32_T, MPI_MAX, MPI_COMM_WORLD);
+  CHECK(std::memcmp(in, ref.data(), count * sizeof(std::int32_t)) == 0);
+}
+
 TEST_CASE("mpi shm: a rank that never joins gives timeout_error within the deadline") {
   dpkit::mpi comm(MPI_COMM_WORLD);
   if (comm.size() < 2) return;
