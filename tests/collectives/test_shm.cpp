@@ -971,6 +971,24 @@ TEST_CASE("register_memory: memory freed and mapped again before release is not 
       CHECK_THROWS_AS(dpkit::register_memory(comm, nullptr, 8), dpkit::invalid_argument);
     });
   }
+  SUBCASE("the node cannot hold it: nothing registered on any rank, the buffer untouched") {
+    dpkit::inproc_world world(2, nullptr, 4096);
+    world.run([&](dpkit::inproc& comm) { (void)dpkit::allocate_symmetric(comm, 4096); }); // segment set up
+    test_fs::file_size_limit limit(64 * 1024); // objects over 64 KiB cannot be reserved, as in a small /dev/shm
+    world.run([&](dpkit::inproc& comm) {
+      anon_pages mem(256);
+      std::memset(mem.p, comm.rank() + 1, mem.bytes);
+      auto reg = dpkit::register_memory(comm, mem.p, mem.bytes);
+      CHECK_FALSE(reg.shared());
+      CHECK(dpkit::detail::mapping_at(mem.p)->inode == 0);
+      bool untouched = true;
+      for (std::size_t i = 0; i < mem.bytes; ++i) untouched &= mem.p[i] == static_cast<std::byte>(comm.rank() + 1);
+      CHECK(untouched);
+      // the ranks still agree on the next window
+      auto small = dpkit::register_memory(comm, mem.p, 4 * 4096);
+      CHECK(small.shared());
+    });
+  }
   SUBCASE("no segment") {
     dpkit::inproc_world world(2, nullptr, 0);
     world.run([&](dpkit::inproc& comm) {
