@@ -108,31 +108,6 @@ private:
   std::byte* private_ = nullptr; // without a shared segment
 };
 
-/// Allocates `bytes` bytes of symmetric memory on every rank of comm
-/// (collective: every rank calls it, with the same byte count, in the same
-/// order relative to its other allocate_symmetric calls and collectives).
-/// Where comm has a shared segment (one node), rank 0 creates one POSIX
-/// shared-memory object of world size x bytes (each rank's region rounded
-/// up to 4096-byte pages: an odd number of them, or from 16 MiB a number
-/// that is 0x55 modulo 256, so that no two ranks' lines alias in AMD Zen's
-/// L1 way predictor), every rank maps all of it, and the name is unlinked once all have it (nothing
-/// stays in /dev/shm after a kill); each rank writes its own region first
-/// (its pages) and faults in its peers'. Elsewhere: private memory.
-/// @param bytes per rank, > 0.
-/// @param o     timeout and tag of the collectives the setup runs (an
-///              all-reduce of four integers, a broadcast of the name, a
-///              second all-reduce).
-/// @param fallback what to do when a rank cannot create, reserve or map the
-///              object: throw (none), or return private memory on every rank
-///              (private_memory; the ranks agree, so all fall back together).
-/// @returns this rank's region, zeroed.
-/// @throws dpkit::invalid_argument naming the rank when bytes is 0 or the
-///         ranks passed different byte counts or are not at the same
-///         allocation (another rank allocated more or fewer windows so far);
-///         dpkit::error naming the object and the system's reason when a rank
-///         cannot create or map it (/dev/shm full: every rank throws) and
-///         fallback is none;
-///         std::bad_alloc (private memory); what the setup's collectives throw.
 namespace detail {
 
 /// The distance in bytes between two ranks' regions of a window whose
@@ -269,6 +244,31 @@ inline bool remap_private_copy(std::byte* at, const std::byte* from, std::size_t
 
 } // namespace detail
 
+/// Allocates `bytes` bytes of symmetric memory on every rank of comm
+/// (collective: every rank calls it, with the same byte count, in the same
+/// order relative to its other allocate_symmetric calls and collectives).
+/// Where comm has a shared segment (one node), rank 0 creates one POSIX
+/// shared-memory object of world size x bytes (each rank's region rounded
+/// up to 4096-byte pages: an odd number of them, or from 16 MiB a number
+/// that is 0x55 modulo 256, so that no two ranks' lines alias in AMD Zen's
+/// L1 way predictor), every rank maps all of it, and the name is unlinked once all have it (nothing
+/// stays in /dev/shm after a kill); each rank writes its own region first
+/// (its pages) and faults in its peers'. Elsewhere: private memory.
+/// @param bytes per rank, > 0.
+/// @param o     timeout and tag of the collectives the setup runs (an
+///              all-reduce of four integers, a broadcast of the name, a
+///              second all-reduce).
+/// @param fallback what to do when a rank cannot create, reserve or map the
+///              object: throw (none), or return private memory on every rank
+///              (private_memory; the ranks agree, so all fall back together).
+/// @returns this rank's region, zeroed.
+/// @throws dpkit::invalid_argument naming the rank when bytes is 0 or the
+///         ranks passed different byte counts or are not at the same
+///         allocation (another rank allocated more or fewer windows so far);
+///         dpkit::error naming the object and the system's reason when a rank
+///         cannot create or map it (/dev/shm full: every rank throws) and
+///         fallback is none;
+///         std::bad_alloc (private memory); what the setup's collectives throw.
 template <transport C>
 symmetric_memory allocate_symmetric(C& comm, std::size_t bytes, const collective_options& o,
                                     symmetric_fallback fallback) {

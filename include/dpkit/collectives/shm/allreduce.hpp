@@ -231,8 +231,11 @@ std::optional<std::pair<std::size_t, std::size_t>> allreduce_shm_direct(Steps& s
   bool nt_to[max_ranks];
   for (int p = 0; p < n; ++p) {
     const auto& w = seg.control(p).window;
-    const std::uint64_t pio = w[1].load(std::memory_order_relaxed) + (lo - w[4].load(std::memory_order_relaxed)) * sizeof(T);
-    const std::uint64_t poo = w[3].load(std::memory_order_relaxed) + (lo - w[6].load(std::memory_order_relaxed)) * sizeof(T);
+    // rank p's offsets of element lo (it published those of its own first element in the window)
+    const std::uint64_t pio = w[1].load(std::memory_order_relaxed) +
+                              (lo - w[4].load(std::memory_order_relaxed)) * sizeof(T);
+    const std::uint64_t poo = w[3].load(std::memory_order_relaxed) +
+                              (lo - w[6].load(std::memory_order_relaxed)) * sizeof(T);
     ins[p] = reinterpret_cast<const T*>(reg.address(want_in, p, pio, m * sizeof(T)));
     outs[p] = reinterpret_cast<T*>(reg.address(want_out, p, poo, m * sizeof(T)));
     nt_to[p] = static_cast<const void*>(ins[p]) != static_cast<const void*>(outs[p]);
@@ -325,61 +328,62 @@ void allreduce_shm_raw(C& comm, const op_context& ctx, shm_segment& seg, const T
   segment_store_tuner& tuner = seg.store_tuner();
   std::atomic<std::uint32_t>& store_mode = seg.control(0).store_mode;
   const std::pair<std::size_t, std::size_t> parts[2] = {{0, head}, {tail, count}};
-  for (const auto& part : parts)
-  for (std::size_t off = part.first; off < part.second; off += cap) {
-    const std::size_t m = std::min(cap, part.second - off);
-    const int b = st.next_buffer();
-    if (mode == shm_mode::one_shot) {
-      std::memcpy(static_cast<void*>(st.mine(b)), static_cast<const void*>(in + off), m * sizeof(T));
+  for (const auto& part : parts) {
+    for (std::size_t off = part.first; off < part.second; off += cap) {
+      const std::size_t m = std::min(cap, part.second - off);
+      const int b = st.next_buffer();
+      if (mode == shm_mode::one_shot) {
+        std::memcpy(static_cast<void*>(st.mine(b)), static_cast<const void*>(in + off), m * sizeof(T));
+        st.step();
+        shm_reduce_ranks<T>(out + off, [&](int p) { return reinterpret_cast<const T*>(st.of(p, b)); }, n, m, op);
+        continue;
+      }
+      const std::size_t chunk_bytes = m * sizeof(T);
+      const bool tuned = chunk_bytes >= segment_store_tuner::min_bytes;
+      const bool seg_nt = tuned && store_mode.load(std::memory_order_acquire) != 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      auto to_seg = [&](T* dst, const T* src, std::size_t len) { copy(dst, src, len, seg_nt); };
+      for (int p = 0; p < n; ++p) {
+        const auto [pb, pe] = chunk_range(m, n, p);
+        if (p != r && pe > pb) to_seg(reinterpret_cast<T*>(st.mine(b)) + pb, in + off + pb, pe - pb);
+      }
+      if (seg_nt) store_fence();
       st.step();
-      shm_reduce_ranks<T>(out + off, [&](int p) { return reinterpret_cast<const T*>(st.of(p, b)); }, n, m, op);
-      continue;
+      const auto own = chunk_range(m, n, r); // no structured binding: clang 14 cannot capture one
+      const std::size_t sb = own.first, se = own.second;
+      // Slice r of the result: own input (private) and every peer's copy of
+      // slice r, in rank order, into slice r of this rank's buffer of the
+      // second step (a rank copies in only the slices its peers reduce), in
+      // blocks small enough to stay in L1 so the copy to out reads no memory.
+      const int b2 = st.next_buffer();
+      T* red = reinterpret_cast<T*>(st.mine(b2));
+      constexpr std::size_t block = std::max<std::size_t>(1, (std::size_t{16} << 10) / sizeof(T));
+      // with non-temporal segment stores a block is reduced into tmp (L1),
+      // then streamed to red and copied to out
+      alignas(64) std::byte tmp_bytes[block * sizeof(T)];
+      T* tmp = reinterpret_cast<T*>(tmp_bytes);
+      for (std::size_t q = sb; q < se; q += block) {
+        const std::size_t len = std::min(block, se - q);
+        T* dst = seg_nt ? tmp : red + q;
+        shm_reduce_ranks<T>(
+            dst, [&](int p) { return p == r ? in + off + q : reinterpret_cast<const T*>(st.of(p, b)) + q; }, n, len,
+            op);
+        if (seg_nt) to_seg(red + q, dst, len);
+        to_out(out + off + q, dst, len);
+      }
+      if (seg_nt) store_fence();
+      if (r == 0 && tuned) store_mode.store(tuner.choose() ? 1u : 0u, std::memory_order_relaxed); // the step releases it
+      st.step();
+      for (int p = 0; p < n; ++p) {
+        const auto [pb, pe] = chunk_range(m, n, p);
+        if (p != r && pe > pb) to_out(out + off + pb, reinterpret_cast<const T*>(st.of(p, b2)) + pb, pe - pb);
+      }
+      // out is this rank's alone: one fence per chunk, not per block, orders
+      // its non-temporal stores before whatever the caller stores next
+      if (nt) store_fence();
+      if (r == 0 && tuned)
+        tuner.record(seg_nt, chunk_bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    const std::size_t chunk_bytes = m * sizeof(T);
-    const bool tuned = chunk_bytes >= segment_store_tuner::min_bytes;
-    const bool seg_nt = tuned && store_mode.load(std::memory_order_acquire) != 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    auto to_seg = [&](T* dst, const T* src, std::size_t len) { copy(dst, src, len, seg_nt); };
-    for (int p = 0; p < n; ++p) {
-      const auto [pb, pe] = chunk_range(m, n, p);
-      if (p != r && pe > pb) to_seg(reinterpret_cast<T*>(st.mine(b)) + pb, in + off + pb, pe - pb);
-    }
-    if (seg_nt) store_fence();
-    st.step();
-    const auto own = chunk_range(m, n, r); // no structured binding: clang 14 cannot capture one
-    const std::size_t sb = own.first, se = own.second;
-    // Slice r of the result: own input (private) and every peer's copy of
-    // slice r, in rank order, into slice r of this rank's buffer of the
-    // second step (a rank copies in only the slices its peers reduce), in
-    // blocks small enough to stay in L1 so the copy to out reads no memory.
-    const int b2 = st.next_buffer();
-    T* red = reinterpret_cast<T*>(st.mine(b2));
-    constexpr std::size_t block = std::max<std::size_t>(1, (std::size_t{16} << 10) / sizeof(T));
-    // with non-temporal segment stores a block is reduced into tmp (L1),
-    // then streamed to red and copied to out
-    alignas(64) std::byte tmp_bytes[block * sizeof(T)];
-    T* tmp = reinterpret_cast<T*>(tmp_bytes);
-    for (std::size_t q = sb; q < se; q += block) {
-      const std::size_t len = std::min(block, se - q);
-      T* dst = seg_nt ? tmp : red + q;
-      shm_reduce_ranks<T>(
-          dst, [&](int p) { return p == r ? in + off + q : reinterpret_cast<const T*>(st.of(p, b)) + q; }, n, len,
-          op);
-      if (seg_nt) to_seg(red + q, dst, len);
-      to_out(out + off + q, dst, len);
-    }
-    if (seg_nt) store_fence();
-    if (r == 0 && tuned) store_mode.store(tuner.choose() ? 1u : 0u, std::memory_order_relaxed); // the step releases it
-    st.step();
-    for (int p = 0; p < n; ++p) {
-      const auto [pb, pe] = chunk_range(m, n, p);
-      if (p != r && pe > pb) to_out(out + off + pb, reinterpret_cast<const T*>(st.of(p, b2)) + pb, pe - pb);
-    }
-    // out is this rank's alone: one fence per chunk, not per block, orders
-    // its non-temporal stores before whatever the caller stores next
-    if (nt) store_fence();
-    if (r == 0 && tuned)
-      tuner.record(seg_nt, chunk_bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 }
 template <class C, tensor In, tensor Out>
