@@ -238,6 +238,7 @@ struct run_info {
   double busbw_factor = 1;
   bool skipped_native = false;  ///< -A all on a transport without native collectives
   std::size_t llc_bytes = 0;    ///< the last-level cache -R auto sized its sets for
+  bool memory_shared = true;    ///< --memory symmetric/registered: the node's ranks map the buffers
   std::vector<rank_record> ranks;
   std::string start_time, end_time; ///< ISO 8601 UTC
   const options* opts = nullptr;
@@ -326,6 +327,9 @@ inline void print_run_header(std::FILE* f, const run_info& info) {
   if (o.registered)
     std::fprintf(f, "# Memory: registered (host buffers passed to dpkit::register_memory; %s)\n",
                  "on one node their pages are remapped onto memory every rank maps, and the shm all-reduce runs direct");
+  if ((o.symmetric || o.registered) && !info.memory_shared)
+    std::fprintf(f, "# Memory: NOT shared by the ranks (no shared segment: ranks on several nodes or DPKIT_SHM_BYTES=0; "
+                    "or /dev/shm could not hold it): the collectives run as on host memory\n");
   if (o.rotate_auto)
     std::fprintf(f,
                  "# Buffer rotation: auto, per size enough sets to span 2 x the last-level cache (%zu bytes); "

@@ -115,6 +115,9 @@ public:
       }
     }
     if (o_.check) expect_ = allocate(o_.max_bytes);
+    info_.memory_shared = o_.registered  ? reg_send_.shared() && reg_recv_.shared()
+                          : o_.symmetric ? sym_send_.shared() && sym_recv_.shared()
+                                         : true;
 
     fill_info();
     if (out_) {
