@@ -174,12 +174,12 @@ bool f16_is_nan(std::uint16_t h) { return (h & 0x7fffu) > 0x7c00u; }
 // Portable results through the loops reduce_host used before F16C: out of
 // place, and in place (dst = dst op src), which is also the dst == b case's
 // order (min and max with a NaN return their first operand).
-template <reduce_op Op>
-void portable_reduce(f16* dst, const f16* a, const f16* b, std::size_t n) {
+template <reduce_op Op, class H>
+void portable_reduce(H* dst, const H* a, const H* b, std::size_t n) {
   dpkit::detail::reduce_loop<Op>(dst, a, b, n);
 }
-template <reduce_op Op>
-void portable_reduce_inplace(f16* dst, const f16* src, std::size_t n) {
+template <reduce_op Op, class H>
+void portable_reduce_inplace(H* dst, const H* src, std::size_t n) {
   dpkit::detail::reduce_inplace_loop<Op>(dst, src, n);
 }
 
@@ -278,6 +278,121 @@ TEST_CASE("f16 reduce_host and divide_host on F16C give the portable loops' bits
       want[i] = f16::from_bits(f16::from_float(f16::to_float(a[i].bits) / static_cast<float>(d)));
     dpkit::divide_host(got.data(), n, d);
     CHECK(f16_mismatches(got, want, a, a, "divide") == 0);
+  }
+#endif
+}
+
+// The AVX2 bf16 loops (detail/reduce_bf16_avx2.hpp) against the portable
+// loops, bit for bit: every bf16 pattern against specials (0, -0,
+// subnormals, the largest finite values, infinities, quiet and signalling
+// NaNs with payloads) and random pairs, ties both ways, for sum prod min max
+// and the avg division. A NaN result keeps the high half of the f32 NaN with
+// the quiet bit set (bf16::from_float); where both inputs are NaN, x86
+// returns one operand's payload and the portable loop's operand order is the
+// compiler's, so the result must be one of the two inputs, quieted.
+namespace {
+
+bool bf16_is_nan(std::uint16_t h) { return (h & 0x7fffu) > 0x7f80u; }
+
+std::size_t bf16_mismatches(const std::vector<bf16>& got, const std::vector<bf16>& want, const std::vector<bf16>& a,
+                            const std::vector<bf16>& b, const char* what) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const std::uint16_t g = got[i].bits, w = want[i].bits;
+    bool ok = g == w;
+    if (!ok && bf16_is_nan(a[i].bits) && bf16_is_nan(b[i].bits) && bf16_is_nan(w))
+      ok = g == (a[i].bits | 0x40u) || g == (b[i].bits | 0x40u); // both inputs NaN: either one, quieted
+    if (!ok && bad++ < 5) {
+      std::ostringstream os;
+      os << what << ": [" << i << "] 0x" << std::hex << unsigned{a[i].bits} << ", 0x" << unsigned{b[i].bits}
+         << " -> 0x" << unsigned{g} << ", portable loop 0x" << unsigned{w};
+      FAIL_CHECK(os.str());
+    }
+  }
+  return bad;
+}
+
+} // namespace
+
+TEST_CASE("bf16 reduce_host and divide_host on AVX2 give the portable loops' bits, specials included") {
+#ifndef DPKIT_REDUCE_BF16_AVX2
+  MESSAGE("not an x86-64 GCC/Clang build: the AVX2 bf16 loops are not compiled");
+#else
+  if (!dpkit::detail::cpu_has_avx2()) {
+    MESSAGE("this CPU has no AVX2: only the portable loop runs");
+    CHECK_FALSE(dpkit::detail::bf16_avx2_enabled());
+    return;
+  }
+  CHECK(dpkit::detail::bf16_avx2_enabled()); // the test's environment leaves DPKIT_BF16_AVX2 unset
+  const std::uint16_t specials[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x007f, 0x0080, 0x3f80, 0xbf80, 0x3eab,
+                                    0x7f7f, 0xff7f, 0x7f7e, 0x7f80, 0xff80, 0x7fc0, 0xffc0, 0x7f81, 0x7fff,
+                                    0x7fa5, 0xffbf, 0x5f7f, 0x0040, 0x3f81, 0xc000};
+  std::mt19937_64 rng(2026);
+  std::vector<bf16> a, b;
+  for (std::uint16_t s : specials)
+    for (std::uint32_t x = 0; x < 0x10000u; ++x) {
+      a.push_back(bf16::from_bits(static_cast<std::uint16_t>(x)));
+      b.push_back(bf16::from_bits(s));
+    }
+  for (int k = 0; k < (1 << 20); ++k) {
+    a.push_back(bf16::from_bits(static_cast<std::uint16_t>(rng())));
+    b.push_back(bf16::from_bits(static_cast<std::uint16_t>(rng())));
+  }
+  // Ties: a + b exactly halfway between two bf16 (1 + 2^-8 with 1's odd and even neighbours), both signs.
+  for (std::uint16_t m = 0; m < 0x80; ++m) {
+    a.push_back(bf16::from_bits(static_cast<std::uint16_t>(0x3f80 | m)));
+    b.push_back(bf16::from_bits(0x3b80)); // 2^-8
+    a.push_back(bf16::from_bits(static_cast<std::uint16_t>(0xbf80 | m)));
+    b.push_back(bf16::from_bits(0xbb80));
+  }
+  a.push_back(bf16::from_bits(0x0001)); // a tail shorter than one 16-lane block
+  b.push_back(bf16::from_bits(0x7fc0));
+  const std::size_t n = a.size();
+  REQUIRE(n % 16 != 0);
+  auto one = [&]<reduce_op Op>() {
+    CAPTURE(Op);
+    std::vector<bf16> want(n), got(n);
+    portable_reduce<Op>(want.data(), a.data(), b.data(), n);
+    dpkit::reduce_host(got.data(), a.data(), b.data(), n, Op);
+    CHECK(bf16_mismatches(got, want, a, b, "out of place") == 0);
+    std::vector<bf16> x = a, want_x = a;
+    portable_reduce_inplace<Op>(want_x.data(), b.data(), n);
+    dpkit::reduce_host(x.data(), x.data(), b.data(), n, Op);
+    CHECK(bf16_mismatches(x, want_x, a, b, "dst == a") == 0);
+    std::vector<bf16> y = b, want_y = b;
+    portable_reduce_inplace<Op>(want_y.data(), a.data(), n);
+    dpkit::reduce_host(y.data(), a.data(), y.data(), n, Op);
+    CHECK(bf16_mismatches(y, want_y, a, b, "dst == b") == 0);
+  };
+  one.template operator()<reduce_op::sum>();
+  one.template operator()<reduce_op::prod>();
+  one.template operator()<reduce_op::min>();
+  one.template operator()<reduce_op::max>();
+  // Named cases, 16 lanes: overflow to infinity (the largest finite value plus half its last place rounds
+  // up, ties to even), a tie that rounds down to even, subnormals, a signalling NaN made quiet.
+  {
+    std::vector<bf16> p(16, bf16::from_bits(0x7f7f)), q(16, bf16::from_bits(0x7b00)), r(16); // 0x7b00: 2^119
+    q[1] = bf16::from_bits(0x7a80);                                                          // 2^118
+    p[2] = bf16::from_bits(0x3f80);
+    q[2] = bf16::from_bits(0x3b80); // 1 + 2^-8: a tie, rounds to even 1.0
+    p[3] = bf16::from_bits(0x0001);
+    q[3] = bf16::from_bits(0x0001);
+    p[4] = bf16::from_bits(0x7f81); // signalling NaN
+    q[4] = bf16::from_bits(0x3f80);
+    dpkit::reduce_host(r.data(), p.data(), q.data(), 16, reduce_op::sum);
+    CHECK(r[0].bits == 0x7f80);
+    CHECK(r[1].bits == 0x7f7f);
+    CHECK(r[2].bits == 0x3f80);
+    CHECK(r[3].bits == 0x0002);
+    CHECK(r[4].bits == 0x7fc1);
+  }
+  for (std::size_t d : {std::size_t{2}, std::size_t{3}, std::size_t{7}, std::size_t{1000}}) {
+    CAPTURE(d);
+    std::vector<bf16> got = a, want(n);
+    for (std::size_t i = 0; i < n; ++i)
+      want[i] = bf16::from_bits(bf16::from_float(bf16::to_float(a[i].bits) / static_cast<float>(d)));
+    dpkit::divide_host(got.data(), n, d);
+    CHECK(bf16_mismatches(got, want, a, a, "divide") == 0);
   }
 #endif
 }

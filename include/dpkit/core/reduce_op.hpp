@@ -9,6 +9,7 @@
 /// (contiguous, __restrict, no early exits; check with -fopt-info-vec).
 #pragma once
 
+#include "detail/reduce_bf16_avx2.hpp"
 #include "detail/reduce_f16c.hpp"
 #include "element.hpp"
 #include "errors.hpp"
@@ -103,9 +104,11 @@ inline void reduce_inplace_loop(T* __restrict dst, const T* __restrict b, std::s
   for (std::size_t i = nb * B; i < n; ++i) dst[i] = combine_any<Op>(dst[i], b[i]);
 }
 
-// The raw bits of an f16 array (f16 is a struct of one std::uint16_t).
+// The raw bits of an f16 or bf16 array (each is a struct of one std::uint16_t).
 inline std::uint16_t* f16_bits(f16* p) noexcept { return reinterpret_cast<std::uint16_t*>(p); }
 inline const std::uint16_t* f16_bits(const f16* p) noexcept { return reinterpret_cast<const std::uint16_t*>(p); }
+inline std::uint16_t* f16_bits(bf16* p) noexcept { return reinterpret_cast<std::uint16_t*>(p); }
+inline const std::uint16_t* f16_bits(const bf16* p) noexcept { return reinterpret_cast<const std::uint16_t*>(p); }
 
 } // namespace detail
 
@@ -113,7 +116,8 @@ inline const std::uint16_t* f16_bits(const f16* p) noexcept { return reinterpret
 /// dst may equal a (in place) or b; otherwise the ranges must not overlap.
 /// For reduce_op::avg this is the sum step (the division is finalize_avg's).
 /// f16/bf16 are combined in f32 and rounded to nearest even. f16 runs on
-/// F16C+AVX where the CPU has them (detail/reduce_f16c.hpp; same bits).
+/// F16C+AVX where the CPU has them (detail/reduce_f16c.hpp), bf16 on AVX2
+/// (detail/reduce_bf16_avx2.hpp); same bits as the portable loops.
 template <element T>
 inline void reduce_host(T* dst, const T* a, const T* b, std::size_t n, reduce_op op) noexcept {
 #ifdef DPKIT_REDUCE_F16C
@@ -128,6 +132,24 @@ inline void reduce_host(T* dst, const T* a, const T* b, std::size_t n, reduce_op
       const bool swap = dst == b && dst != a;
       const std::size_t done = detail::reduce_f16c(fop, detail::f16_bits(dst), detail::f16_bits(swap ? b : a),
                                                    detail::f16_bits(swap ? a : b), n);
+      dst += done;
+      a += done;
+      b += done;
+      n -= done;
+    }
+  }
+#endif
+#ifdef DPKIT_REDUCE_BF16_AVX2
+  if constexpr (std::is_same_v<std::remove_cv_t<T>, bf16>) {
+    if (n >= 16 && detail::bf16_avx2_enabled()) {
+      const detail::bf16_avx2_op bop = op == reduce_op::prod  ? detail::bf16_avx2_op::prod
+                                       : op == reduce_op::min ? detail::bf16_avx2_op::min
+                                       : op == reduce_op::max ? detail::bf16_avx2_op::max
+                                                              : detail::bf16_avx2_op::sum;
+      // dst == b runs as dst = b op a, as for f16 above.
+      const bool swap = dst == b && dst != a;
+      const std::size_t done = detail::reduce_bf16_avx2(bop, detail::f16_bits(dst), detail::f16_bits(swap ? b : a),
+                                                        detail::f16_bits(swap ? a : b), n);
       dst += done;
       a += done;
       b += done;
@@ -150,8 +172,8 @@ inline void reduce_host(T* dst, const T* a, const T* b, std::size_t n, reduce_op
 
 /// Host: divides n elements in place by `divisor` (the world size) to finish an
 /// avg reduction. Integer types truncate (as ncclAvg); floats multiply by
-/// nothing else, f16/bf16 divide in f32 and round once (f16 on F16C+AVX where
-/// the CPU has them, same bits).
+/// nothing else, f16/bf16 divide in f32 and round once (f16 on F16C+AVX and
+/// bf16 on AVX2 where the CPU has them, same bits).
 template <element T>
 inline void divide_host(T* data, std::size_t n, std::size_t divisor) noexcept {
   if (divisor <= 1) return;
@@ -160,6 +182,15 @@ inline void divide_host(T* data, std::size_t n, std::size_t divisor) noexcept {
   if constexpr (std::is_same_v<U, f16>) {
     if (n >= 8 && detail::f16c_enabled()) {
       const std::size_t done = detail::divide_f16c(detail::f16_bits(data), n, static_cast<float>(divisor));
+      data += done;
+      n -= done;
+    }
+  }
+#endif
+#ifdef DPKIT_REDUCE_BF16_AVX2
+  if constexpr (std::is_same_v<U, bf16>) {
+    if (n >= 16 && detail::bf16_avx2_enabled()) {
+      const std::size_t done = detail::divide_bf16_avx2(detail::f16_bits(data), n, static_cast<float>(divisor));
       data += done;
       n -= done;
     }

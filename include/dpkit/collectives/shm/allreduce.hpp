@@ -134,19 +134,82 @@ bool reduce_into_two_nontemporal(T* __restrict out0, T* __restrict out1, const T
 #endif
 }
 
+/// half_into_two_nontemporal: out0[i] = out1[i] = a[i] op b[i] for f16 (on
+/// F16C) or bf16 (on AVX2), i in [0, len), a 64-byte line at a time in
+/// registers, streamed to both outputs (detail/reduce_f16c.hpp,
+/// detail/reduce_bf16_avx2.hpp); ordinary stores before the first
+/// 16-byte-aligned element and after the last whole line. Same bits as
+/// reduce_host. Returns false, having written nothing, when the vector path
+/// is off (no such CPU, DPKIT_F16C=0, DPKIT_BF16_AVX2=0), or out0 and out1
+/// lie at different addresses modulo 16. The caller fences.
+template <reduce_op Op, class T>
+bool half_into_two_nontemporal(T* out0, T* out1, const T* a, const T* b, std::size_t len) noexcept {
+  using U = std::remove_cv_t<T>;
+  const auto a0 = reinterpret_cast<std::uintptr_t>(out0), a1 = reinterpret_cast<std::uintptr_t>(out1);
+  if (a0 % 16 != a1 % 16 || a0 % 2 != 0) return false;
+  std::size_t head = ((16 - a0 % 16) % 16) / sizeof(T);
+  if (head > len) head = len;
+  auto run = [&](auto&& lines) {
+    std::size_t i = 0;
+    for (; i < head; ++i) out0[i] = out1[i] = combine_any<Op>(a[i], b[i]);
+    i += lines(f16_bits(out0 + i), f16_bits(out1 + i), f16_bits(a + i), f16_bits(b + i), len - i);
+    for (; i < len; ++i) out0[i] = out1[i] = combine_any<Op>(a[i], b[i]);
+    return true;
+  };
+#if defined(DPKIT_REDUCE_BF16_AVX2)
+  if constexpr (std::is_same_v<U, bf16>) {
+    if (!bf16_avx2_enabled()) return false;
+    constexpr bf16_avx2_op bop = Op == reduce_op::prod  ? bf16_avx2_op::prod
+                                 : Op == reduce_op::min ? bf16_avx2_op::min
+                                 : Op == reduce_op::max ? bf16_avx2_op::max
+                                                        : bf16_avx2_op::sum;
+    return run([](std::uint16_t* o0, std::uint16_t* o1, const std::uint16_t* x, const std::uint16_t* y,
+                  std::size_t n) { return reduce_bf16_avx2_into_two_nt(bop, o0, o1, x, y, n); });
+  }
+#endif
+#if defined(DPKIT_REDUCE_F16C)
+  if constexpr (std::is_same_v<U, f16>) {
+    if (!f16c_enabled()) return false;
+    constexpr f16c_op fop = Op == reduce_op::prod  ? f16c_op::prod
+                            : Op == reduce_op::min ? f16c_op::min
+                            : Op == reduce_op::max ? f16c_op::max
+                                                   : f16c_op::sum;
+    return run([](std::uint16_t* o0, std::uint16_t* o1, const std::uint16_t* x, const std::uint16_t* y,
+                  std::size_t n) { return reduce_f16c_into_two_nt(fop, o0, o1, x, y, n); });
+  }
+#endif
+  (void)run;
+  return false;
+}
+
 /// The two-rank direct all-reduce's slice [b, e) without a staging block,
-/// for sum, prod, min and max of every type but f16/bf16 (those combine
-/// through f32 one element at a time: reduce_host's F16C path serves them
-/// better): with ordinary stores straight into both outputs
-/// (reduce_into_two, or reduce_both_in_place in place); with `nontemporal`,
-/// out of place on both ranks only, a line at a time from registers
-/// (reduce_into_two_nontemporal; the caller fences). Returns false when it
-/// does not apply (the caller stages through a block).
+/// for sum, prod, min and max: with ordinary stores straight into both
+/// outputs (reduce_into_two, or reduce_both_in_place in place); with
+/// `nontemporal`, out of place on both ranks only, a line at a time from
+/// registers (reduce_into_two_nontemporal; the caller fences). f16 and bf16
+/// take only the non-temporal case, on their vector loops
+/// (half_into_two_nontemporal): their portable loops combine through f32
+/// one element at a time, and reduce_host's vector paths through the
+/// caller's block serve the other cases better. Returns false when it does
+/// not apply (the caller stages through a block).
 template <element T>
 bool direct_two_ranks_fused(const T* const* ins, T* const* outs, std::size_t b, std::size_t e, reduce_op op,
                             bool nontemporal) noexcept {
   if constexpr (is_half_v<T>) {
-    (void)ins, (void)outs, (void)b, (void)e, (void)op, (void)nontemporal;
+    if (!nontemporal || op == reduce_op::avg) return false;
+    if (static_cast<const void*>(ins[0]) == static_cast<const void*>(outs[0]) ||
+        static_cast<const void*>(ins[1]) == static_cast<const void*>(outs[1]))
+      return false;
+    auto run = [&]<reduce_op Op>() {
+      return half_into_two_nontemporal<Op>(outs[0] + b, outs[1] + b, ins[0] + b, ins[1] + b, e - b);
+    };
+    switch (op) {
+    case reduce_op::sum: return run.template operator()<reduce_op::sum>();
+    case reduce_op::prod: return run.template operator()<reduce_op::prod>();
+    case reduce_op::min: return run.template operator()<reduce_op::min>();
+    case reduce_op::max: return run.template operator()<reduce_op::max>();
+    case reduce_op::avg: break;
+    }
     return false;
   } else {
     if (op == reduce_op::avg) return false;

@@ -71,29 +71,70 @@ __attribute__((target("f16c,avx"))) inline __m256 f16c_load8(const std::uint16_t
 
 // Eight f32 -> eight f16, rounded to nearest even, each NaN lane made the
 // canonical quiet NaN (0x7e00 with its sign) as f16::from_float makes it.
-__attribute__((target("f16c,avx"))) inline void f16c_store8(std::uint16_t* p, __m256 v) noexcept {
+__attribute__((target("f16c,avx"))) inline __m128i f16c_round8(__m256 v) noexcept {
   const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m128i mag = _mm_and_si128(h, _mm_set1_epi16(0x7fff));
   const __m128i nan = _mm_cmpgt_epi16(mag, _mm_set1_epi16(0x7c00)); // magnitudes are <= 0x7fff: a signed compare is exact
   const __m128i canon = _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16(static_cast<short>(0x8000))), _mm_set1_epi16(0x7e00));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_or_si128(_mm_and_si128(nan, canon), _mm_andnot_si128(nan, h)));
+  return _mm_or_si128(_mm_and_si128(nan, canon), _mm_andnot_si128(nan, h));
+}
+__attribute__((target("f16c,avx"))) inline void f16c_store8(std::uint16_t* p, __m256 v) noexcept {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), f16c_round8(v));
+}
+
+// Eight f16 at a and b -> eight results a op b, rounded, in a register.
+template <f16c_op Op>
+__attribute__((target("f16c,avx"))) inline __m128i f16c_apply8(const std::uint16_t* a, const std::uint16_t* b) noexcept {
+  const __m256 x = f16c_load8(a), y = f16c_load8(b);
+  __m256 r;
+  if constexpr (Op == f16c_op::sum) r = _mm256_add_ps(x, y);
+  else if constexpr (Op == f16c_op::prod) r = _mm256_mul_ps(x, y);
+  // vminps(p, q) = p < q ? p : q; with (y, x): y < x ? y : x, the portable min's order (a NaN in either gives x).
+  else if constexpr (Op == f16c_op::min) r = _mm256_min_ps(y, x);
+  // vmaxps(p, q) = p > q ? p : q; with (y, x): x < y ? y : x, the portable max's order.
+  else r = _mm256_max_ps(y, x);
+  return f16c_round8(r);
 }
 
 // One block loop per op (a template so each op's loop has no branch inside).
 template <f16c_op Op>
 __attribute__((target("f16c,avx"))) inline void reduce_f16c_loop(std::uint16_t* dst, const std::uint16_t* a,
                                                                  const std::uint16_t* b, std::size_t m) noexcept {
-  for (std::size_t i = 0; i < m; i += 8) {
-    const __m256 x = f16c_load8(a + i), y = f16c_load8(b + i);
-    __m256 r;
-    if constexpr (Op == f16c_op::sum) r = _mm256_add_ps(x, y);
-    else if constexpr (Op == f16c_op::prod) r = _mm256_mul_ps(x, y);
-    // vminps(p, q) = p < q ? p : q; with (y, x): y < x ? y : x, the portable min's order (a NaN in either gives x).
-    else if constexpr (Op == f16c_op::min) r = _mm256_min_ps(y, x);
-    // vmaxps(p, q) = p > q ? p : q; with (y, x): x < y ? y : x, the portable max's order.
-    else r = _mm256_max_ps(y, x);
-    f16c_store8(dst + i, r);
+  for (std::size_t i = 0; i < m; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), f16c_apply8<Op>(a + i, b + i));
+}
+
+template <f16c_op Op>
+__attribute__((target("f16c,avx"))) inline void reduce_f16c_into_two_nt_loop(std::uint16_t* out0, std::uint16_t* out1,
+                                                                             const std::uint16_t* a,
+                                                                             const std::uint16_t* b,
+                                                                             std::size_t m) noexcept {
+  for (std::size_t i = 0; i < m; i += 32) {
+    const __m128i v[4] = {f16c_apply8<Op>(a + i, b + i), f16c_apply8<Op>(a + i + 8, b + i + 8),
+                          f16c_apply8<Op>(a + i + 16, b + i + 16), f16c_apply8<Op>(a + i + 24, b + i + 24)};
+    auto* d0 = reinterpret_cast<__m128i*>(out0 + i);
+    auto* d1 = reinterpret_cast<__m128i*>(out1 + i);
+    for (int k = 0; k < 4; ++k) _mm_stream_si128(d0 + k, v[k]);
+    for (int k = 0; k < 4; ++k) _mm_stream_si128(d1 + k, v[k]);
   }
+}
+
+/// out0[i] = out1[i] = a[i] op b[i] for the first n - n % 32 elements
+/// (returns that count), each 64-byte line of results computed in registers
+/// and written to both outputs with non-temporal stores, unfenced (the
+/// caller fences: store_fence). The two-rank direct all-reduce out of place
+/// (collectives/shm/allreduce.hpp). out0 and out1 16-byte aligned; the four
+/// ranges must not overlap.
+inline std::size_t reduce_f16c_into_two_nt(f16c_op op, std::uint16_t* out0, std::uint16_t* out1,
+                                           const std::uint16_t* a, const std::uint16_t* b, std::size_t n) noexcept {
+  const std::size_t m = n - n % 32;
+  switch (op) {
+  case f16c_op::sum: reduce_f16c_into_two_nt_loop<f16c_op::sum>(out0, out1, a, b, m); break;
+  case f16c_op::prod: reduce_f16c_into_two_nt_loop<f16c_op::prod>(out0, out1, a, b, m); break;
+  case f16c_op::min: reduce_f16c_into_two_nt_loop<f16c_op::min>(out0, out1, a, b, m); break;
+  case f16c_op::max: reduce_f16c_into_two_nt_loop<f16c_op::max>(out0, out1, a, b, m); break;
+  }
+  return m;
 }
 
 /// dst[i] = a[i] op b[i] for the first n - n % 8 elements (returns that count;
