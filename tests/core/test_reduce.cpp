@@ -202,6 +202,42 @@ std::size_t f16_mismatches(const std::vector<f16>& got, const std::vector<f16>& 
   return bad;
 }
 
+// reduce_host out of place, with dst == a and with dst == b, for sum prod min
+// max, and divide_host by 2, 3, 7 and 1000, on the pairs (a[i], b[i]),
+// against the portable loops; `mismatches(got, want, a, b, what)` counts the
+// differences the type's NaN rule does not allow (and reports the first).
+template <class H, class Mismatches>
+void check_vector_loop_bits(const std::vector<H>& a, const std::vector<H>& b, Mismatches&& mismatches) {
+  const std::size_t n = a.size();
+  auto one = [&]<reduce_op Op>() {
+    CAPTURE(Op);
+    std::vector<H> want(n), got(n);
+    portable_reduce<Op>(want.data(), a.data(), b.data(), n);
+    dpkit::reduce_host(got.data(), a.data(), b.data(), n, Op);
+    CHECK(mismatches(got, want, a, b, "out of place") == 0);
+    std::vector<H> x = a, want_x = a;
+    portable_reduce_inplace<Op>(want_x.data(), b.data(), n);
+    dpkit::reduce_host(x.data(), x.data(), b.data(), n, Op);
+    CHECK(mismatches(x, want_x, a, b, "dst == a") == 0);
+    std::vector<H> y = b, want_y = b;
+    portable_reduce_inplace<Op>(want_y.data(), a.data(), n);
+    dpkit::reduce_host(y.data(), a.data(), y.data(), n, Op);
+    CHECK(mismatches(y, want_y, a, b, "dst == b") == 0);
+  };
+  one.template operator()<reduce_op::sum>();
+  one.template operator()<reduce_op::prod>();
+  one.template operator()<reduce_op::min>();
+  one.template operator()<reduce_op::max>();
+  for (std::size_t d : {std::size_t{2}, std::size_t{3}, std::size_t{7}, std::size_t{1000}}) {
+    CAPTURE(d);
+    std::vector<H> got = a, want(n);
+    for (std::size_t i = 0; i < n; ++i)
+      want[i] = H::from_bits(H::from_float(H::to_float(a[i].bits) / static_cast<float>(d)));
+    dpkit::divide_host(got.data(), n, d);
+    CHECK(mismatches(got, want, a, a, "divide") == 0);
+  }
+}
+
 } // namespace
 
 TEST_CASE("f16 reduce_host and divide_host on F16C give the portable loops' bits, specials included") {
@@ -238,27 +274,8 @@ TEST_CASE("f16 reduce_host and divide_host on F16C give the portable loops' bits
   }
   a.push_back(f16::from_bits(0x0001)); // a tail shorter than one 8-lane block
   b.push_back(f16::from_bits(0x7e00));
-  const std::size_t n = a.size();
-  REQUIRE(n % 8 != 0);
-  auto one = [&]<reduce_op Op>() {
-    CAPTURE(Op);
-    std::vector<f16> want(n), got(n);
-    portable_reduce<Op>(want.data(), a.data(), b.data(), n);
-    dpkit::reduce_host(got.data(), a.data(), b.data(), n, Op);
-    CHECK(f16_mismatches(got, want, a, b, "out of place") == 0);
-    std::vector<f16> x = a, want_x = a;
-    portable_reduce_inplace<Op>(want_x.data(), b.data(), n);
-    dpkit::reduce_host(x.data(), x.data(), b.data(), n, Op);
-    CHECK(f16_mismatches(x, want_x, a, b, "dst == a") == 0);
-    std::vector<f16> y = b, want_y = b;
-    portable_reduce_inplace<Op>(want_y.data(), a.data(), n);
-    dpkit::reduce_host(y.data(), a.data(), y.data(), n, Op);
-    CHECK(f16_mismatches(y, want_y, a, b, "dst == b") == 0);
-  };
-  one.template operator()<reduce_op::sum>();
-  one.template operator()<reduce_op::prod>();
-  one.template operator()<reduce_op::min>();
-  one.template operator()<reduce_op::max>();
+  REQUIRE(a.size() % 8 != 0);
+  check_vector_loop_bits(a, b, f16_mismatches);
   // A result that overflows (65504 + 16 rounds to infinity, 65504 + 15 does not) and a sum of
   // subnormals, named.
   {
@@ -270,14 +287,6 @@ TEST_CASE("f16 reduce_host and divide_host on F16C give the portable loops' bits
     CHECK(r[0].bits == 0x7c00);
     CHECK(r[1].bits == 0x7bff);
     CHECK(r[2].bits == 0x0002);
-  }
-  for (std::size_t d : {std::size_t{2}, std::size_t{3}, std::size_t{7}, std::size_t{1000}}) {
-    CAPTURE(d);
-    std::vector<f16> got = a, want(n);
-    for (std::size_t i = 0; i < n; ++i)
-      want[i] = f16::from_bits(f16::from_float(f16::to_float(a[i].bits) / static_cast<float>(d)));
-    dpkit::divide_host(got.data(), n, d);
-    CHECK(f16_mismatches(got, want, a, a, "divide") == 0);
   }
 #endif
 }
@@ -347,27 +356,8 @@ TEST_CASE("bf16 reduce_host and divide_host on AVX2 give the portable loops' bit
   }
   a.push_back(bf16::from_bits(0x0001)); // a tail shorter than one 16-lane block
   b.push_back(bf16::from_bits(0x7fc0));
-  const std::size_t n = a.size();
-  REQUIRE(n % 16 != 0);
-  auto one = [&]<reduce_op Op>() {
-    CAPTURE(Op);
-    std::vector<bf16> want(n), got(n);
-    portable_reduce<Op>(want.data(), a.data(), b.data(), n);
-    dpkit::reduce_host(got.data(), a.data(), b.data(), n, Op);
-    CHECK(bf16_mismatches(got, want, a, b, "out of place") == 0);
-    std::vector<bf16> x = a, want_x = a;
-    portable_reduce_inplace<Op>(want_x.data(), b.data(), n);
-    dpkit::reduce_host(x.data(), x.data(), b.data(), n, Op);
-    CHECK(bf16_mismatches(x, want_x, a, b, "dst == a") == 0);
-    std::vector<bf16> y = b, want_y = b;
-    portable_reduce_inplace<Op>(want_y.data(), a.data(), n);
-    dpkit::reduce_host(y.data(), a.data(), y.data(), n, Op);
-    CHECK(bf16_mismatches(y, want_y, a, b, "dst == b") == 0);
-  };
-  one.template operator()<reduce_op::sum>();
-  one.template operator()<reduce_op::prod>();
-  one.template operator()<reduce_op::min>();
-  one.template operator()<reduce_op::max>();
+  REQUIRE(a.size() % 16 != 0);
+  check_vector_loop_bits(a, b, bf16_mismatches);
   // Named cases, 16 lanes: overflow to infinity (the largest finite value plus half its last place rounds
   // up, ties to even), a tie that rounds down to even, subnormals, a signalling NaN made quiet.
   {
@@ -385,14 +375,6 @@ TEST_CASE("bf16 reduce_host and divide_host on AVX2 give the portable loops' bit
     CHECK(r[2].bits == 0x3f80);
     CHECK(r[3].bits == 0x0002);
     CHECK(r[4].bits == 0x7fc1);
-  }
-  for (std::size_t d : {std::size_t{2}, std::size_t{3}, std::size_t{7}, std::size_t{1000}}) {
-    CAPTURE(d);
-    std::vector<bf16> got = a, want(n);
-    for (std::size_t i = 0; i < n; ++i)
-      want[i] = bf16::from_bits(bf16::from_float(bf16::to_float(a[i].bits) / static_cast<float>(d)));
-    dpkit::divide_host(got.data(), n, d);
-    CHECK(bf16_mismatches(got, want, a, a, "divide") == 0);
   }
 #endif
 }

@@ -110,6 +110,68 @@ inline const std::uint16_t* f16_bits(const f16* p) noexcept { return reinterpret
 inline std::uint16_t* f16_bits(bf16* p) noexcept { return reinterpret_cast<std::uint16_t*>(p); }
 inline const std::uint16_t* f16_bits(const bf16* p) noexcept { return reinterpret_cast<const std::uint16_t*>(p); }
 
+/// The vector loops' reduction for op (avg sums; its division is separate).
+constexpr lane_op lane_op_of(reduce_op op) noexcept {
+  return op == reduce_op::prod ? lane_op::prod
+         : op == reduce_op::min ? lane_op::min
+         : op == reduce_op::max ? lane_op::max
+                                : lane_op::sum;
+}
+
+/// dst[i] = a[i] op b[i] for f16 (F16C) or bf16 (AVX2) on the vector loop,
+/// for as many leading elements as it takes (a multiple of its lanes);
+/// returns that count, 0 where the loop is off (no such CPU, DPKIT_F16C=0,
+/// DPKIT_BF16_AVX2=0) or not compiled. The portable loop's bits.
+template <class U>
+std::size_t reduce_half_vector(lane_op op, U* dst, const U* a, const U* b, std::size_t n) noexcept {
+#ifdef DPKIT_REDUCE_F16C
+  if constexpr (std::is_same_v<U, f16>)
+    if (f16c_enabled()) return reduce_f16c(op, f16_bits(dst), f16_bits(a), f16_bits(b), n);
+#endif
+#ifdef DPKIT_REDUCE_BF16_AVX2
+  if constexpr (std::is_same_v<U, bf16>)
+    if (bf16_avx2_enabled()) return reduce_bf16_avx2(op, f16_bits(dst), f16_bits(a), f16_bits(b), n);
+#endif
+  (void)op, (void)dst, (void)a, (void)b, (void)n;
+  return 0;
+}
+
+/// data[i] = data[i] / divisor (f32, rounded once) on the vector loop, as
+/// reduce_half_vector; returns the count done.
+template <class U>
+std::size_t divide_half_vector(U* data, std::size_t n, float divisor) noexcept {
+#ifdef DPKIT_REDUCE_F16C
+  if constexpr (std::is_same_v<U, f16>)
+    if (f16c_enabled()) return divide_f16c(f16_bits(data), n, divisor);
+#endif
+#ifdef DPKIT_REDUCE_BF16_AVX2
+  if constexpr (std::is_same_v<U, bf16>)
+    if (bf16_avx2_enabled()) return divide_bf16_avx2(f16_bits(data), n, divisor);
+#endif
+  (void)data, (void)n, (void)divisor;
+  return 0;
+}
+
+/// out0[i] = out1[i] = a[i] op b[i] on the vector loop, each 64-byte line
+/// streamed to both outputs with non-temporal stores (unfenced), for the
+/// leading n - n % 32 elements; returns that count, or -1 (size_t) where the
+/// loop is off or not compiled. out0 and out1 16-byte aligned; the four
+/// ranges must not overlap.
+template <class U>
+std::size_t half_into_two_nt_vector(lane_op op, U* out0, U* out1, const U* a, const U* b, std::size_t n) noexcept {
+#ifdef DPKIT_REDUCE_F16C
+  if constexpr (std::is_same_v<U, f16>)
+    if (f16c_enabled()) return reduce_f16c_into_two_nt(op, f16_bits(out0), f16_bits(out1), f16_bits(a), f16_bits(b), n);
+#endif
+#ifdef DPKIT_REDUCE_BF16_AVX2
+  if constexpr (std::is_same_v<U, bf16>)
+    if (bf16_avx2_enabled())
+      return reduce_bf16_avx2_into_two_nt(op, f16_bits(out0), f16_bits(out1), f16_bits(a), f16_bits(b), n);
+#endif
+  (void)op, (void)out0, (void)out1, (void)a, (void)b, (void)n;
+  return static_cast<std::size_t>(-1);
+}
+
 } // namespace detail
 
 /// Host reduction: dst[i] = a[i] op b[i] for i in [0, n), n in elements.
@@ -120,43 +182,16 @@ inline const std::uint16_t* f16_bits(const bf16* p) noexcept { return reinterpre
 /// (detail/reduce_bf16_avx2.hpp); same bits as the portable loops.
 template <element T>
 inline void reduce_host(T* dst, const T* a, const T* b, std::size_t n, reduce_op op) noexcept {
-#ifdef DPKIT_REDUCE_F16C
-  if constexpr (std::is_same_v<std::remove_cv_t<T>, f16>) {
-    if (n >= 8 && detail::f16c_enabled()) {
-      const detail::f16c_op fop = op == reduce_op::prod  ? detail::f16c_op::prod
-                                  : op == reduce_op::min ? detail::f16c_op::min
-                                  : op == reduce_op::max ? detail::f16c_op::max
-                                                         : detail::f16c_op::sum;
-      // dst == b runs as dst = b op a, the portable in-place loop's operand order (min/max with a NaN
-      // return their first operand).
-      const bool swap = dst == b && dst != a;
-      const std::size_t done = detail::reduce_f16c(fop, detail::f16_bits(dst), detail::f16_bits(swap ? b : a),
-                                                   detail::f16_bits(swap ? a : b), n);
-      dst += done;
-      a += done;
-      b += done;
-      n -= done;
-    }
+  if constexpr (detail::is_half_v<T>) {
+    // dst == b runs as dst = b op a, the portable in-place loop's operand order (min/max with a NaN
+    // return their first operand).
+    const bool swap = dst == b && dst != a;
+    const std::size_t done = detail::reduce_half_vector(detail::lane_op_of(op), dst, swap ? b : a, swap ? a : b, n);
+    dst += done;
+    a += done;
+    b += done;
+    n -= done;
   }
-#endif
-#ifdef DPKIT_REDUCE_BF16_AVX2
-  if constexpr (std::is_same_v<std::remove_cv_t<T>, bf16>) {
-    if (n >= 16 && detail::bf16_avx2_enabled()) {
-      const detail::bf16_avx2_op bop = op == reduce_op::prod  ? detail::bf16_avx2_op::prod
-                                       : op == reduce_op::min ? detail::bf16_avx2_op::min
-                                       : op == reduce_op::max ? detail::bf16_avx2_op::max
-                                                              : detail::bf16_avx2_op::sum;
-      // dst == b runs as dst = b op a, as for f16 above.
-      const bool swap = dst == b && dst != a;
-      const std::size_t done = detail::reduce_bf16_avx2(bop, detail::f16_bits(dst), detail::f16_bits(swap ? b : a),
-                                                        detail::f16_bits(swap ? a : b), n);
-      dst += done;
-      a += done;
-      b += done;
-      n -= done;
-    }
-  }
-#endif
   auto run = [&]<reduce_op Op>() {
     if (dst == a) detail::reduce_inplace_loop<Op>(dst, b, n);
     else if (dst == b) detail::reduce_inplace_loop<Op>(dst, a, n); // all ops commute
@@ -178,24 +213,11 @@ template <element T>
 inline void divide_host(T* data, std::size_t n, std::size_t divisor) noexcept {
   if (divisor <= 1) return;
   using U = std::remove_cv_t<T>;
-#ifdef DPKIT_REDUCE_F16C
-  if constexpr (std::is_same_v<U, f16>) {
-    if (n >= 8 && detail::f16c_enabled()) {
-      const std::size_t done = detail::divide_f16c(detail::f16_bits(data), n, static_cast<float>(divisor));
-      data += done;
-      n -= done;
-    }
+  if constexpr (detail::is_half_v<U>) {
+    const std::size_t done = detail::divide_half_vector(data, n, static_cast<float>(divisor));
+    data += done;
+    n -= done;
   }
-#endif
-#ifdef DPKIT_REDUCE_BF16_AVX2
-  if constexpr (std::is_same_v<U, bf16>) {
-    if (n >= 16 && detail::bf16_avx2_enabled()) {
-      const std::size_t done = detail::divide_bf16_avx2(detail::f16_bits(data), n, static_cast<float>(divisor));
-      data += done;
-      n -= done;
-    }
-  }
-#endif
   constexpr std::size_t B = detail::block_elems<U>;
   auto one = [divisor](U x) noexcept -> U {
     if constexpr (detail::is_half_v<U>) return U::from_bits(U::from_float(U::to_float(x.bits) / static_cast<float>(divisor)));

@@ -144,42 +144,16 @@ bool reduce_into_two_nontemporal(T* __restrict out0, T* __restrict out1, const T
 /// lie at different addresses modulo 16. The caller fences.
 template <reduce_op Op, class T>
 bool half_into_two_nontemporal(T* out0, T* out1, const T* a, const T* b, std::size_t len) noexcept {
-  using U = std::remove_cv_t<T>;
   const auto a0 = reinterpret_cast<std::uintptr_t>(out0), a1 = reinterpret_cast<std::uintptr_t>(out1);
   if (a0 % 16 != a1 % 16 || a0 % 2 != 0) return false;
   std::size_t head = ((16 - a0 % 16) % 16) / sizeof(T);
   if (head > len) head = len;
-  auto run = [&](auto&& lines) {
-    std::size_t i = 0;
-    for (; i < head; ++i) out0[i] = out1[i] = combine_any<Op>(a[i], b[i]);
-    i += lines(f16_bits(out0 + i), f16_bits(out1 + i), f16_bits(a + i), f16_bits(b + i), len - i);
-    for (; i < len; ++i) out0[i] = out1[i] = combine_any<Op>(a[i], b[i]);
-    return true;
-  };
-#if defined(DPKIT_REDUCE_BF16_AVX2)
-  if constexpr (std::is_same_v<U, bf16>) {
-    if (!bf16_avx2_enabled()) return false;
-    constexpr bf16_avx2_op bop = Op == reduce_op::prod  ? bf16_avx2_op::prod
-                                 : Op == reduce_op::min ? bf16_avx2_op::min
-                                 : Op == reduce_op::max ? bf16_avx2_op::max
-                                                        : bf16_avx2_op::sum;
-    return run([](std::uint16_t* o0, std::uint16_t* o1, const std::uint16_t* x, const std::uint16_t* y,
-                  std::size_t n) { return reduce_bf16_avx2_into_two_nt(bop, o0, o1, x, y, n); });
-  }
-#endif
-#if defined(DPKIT_REDUCE_F16C)
-  if constexpr (std::is_same_v<U, f16>) {
-    if (!f16c_enabled()) return false;
-    constexpr f16c_op fop = Op == reduce_op::prod  ? f16c_op::prod
-                            : Op == reduce_op::min ? f16c_op::min
-                            : Op == reduce_op::max ? f16c_op::max
-                                                   : f16c_op::sum;
-    return run([](std::uint16_t* o0, std::uint16_t* o1, const std::uint16_t* x, const std::uint16_t* y,
-                  std::size_t n) { return reduce_f16c_into_two_nt(fop, o0, o1, x, y, n); });
-  }
-#endif
-  (void)run;
-  return false;
+  const std::size_t lines = half_into_two_nt_vector(lane_op_of(Op), out0 + head, out1 + head, a + head, b + head,
+                                                    len - head);
+  if (lines == static_cast<std::size_t>(-1)) return false;
+  for (std::size_t i = 0; i < head; ++i) out0[i] = out1[i] = combine_any<Op>(a[i], b[i]);
+  for (std::size_t i = head + lines; i < len; ++i) out0[i] = out1[i] = combine_any<Op>(a[i], b[i]);
+  return true;
 }
 
 /// The two-rank direct all-reduce's slice [b, e) without a staging block,

@@ -19,6 +19,8 @@
 /// per byte bf16 has twice float's elements to convert and add.
 #pragma once
 
+#include "lane_op.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -31,8 +33,6 @@
 
 namespace dpkit::detail {
 
-/// The reduction the AVX2 bf16 loop applies (sum also serves avg).
-enum class bf16_avx2_op : std::uint8_t { sum, prod, min, max };
 
 #ifdef DPKIT_REDUCE_BF16_AVX2
 /// True when the CPU has AVX2 and the OS saves the AVX registers (CPUID leaf
@@ -86,18 +86,18 @@ __attribute__((target("avx2"))) inline __m256i bf16_avx2_round(__m256 v) noexcep
 // 128-bit lane's eight bf16 are widened to f32 by interleaving with zeros
 // (unpacklo: elements 0-3, unpackhi: 4-7 of the lane), and packed back in
 // the same lane order (packus of values 0..0xffff is exact).
-template <bf16_avx2_op Op>
+template <lane_op Op>
 __attribute__((target("avx2"))) inline __m256 bf16_avx2_apply(__m256 x, __m256 y) noexcept {
-  if constexpr (Op == bf16_avx2_op::sum) return _mm256_add_ps(x, y);
-  else if constexpr (Op == bf16_avx2_op::prod) return _mm256_mul_ps(x, y);
+  if constexpr (Op == lane_op::sum) return _mm256_add_ps(x, y);
+  else if constexpr (Op == lane_op::prod) return _mm256_mul_ps(x, y);
   // vminps(p, q) = p < q ? p : q; with (y, x): y < x ? y : x, the portable min's order (a NaN in either gives x).
-  else if constexpr (Op == bf16_avx2_op::min) return _mm256_min_ps(y, x);
+  else if constexpr (Op == lane_op::min) return _mm256_min_ps(y, x);
   // vmaxps(p, q) = p > q ? p : q; with (y, x): x < y ? y : x, the portable max's order.
   else return _mm256_max_ps(y, x);
 }
 
 // Sixteen bf16 at a and b -> sixteen results a op b, in a register.
-template <bf16_avx2_op Op>
+template <lane_op Op>
 __attribute__((target("avx2"))) inline __m256i bf16_avx2_line16(const std::uint16_t* a, const std::uint16_t* b) noexcept {
   const __m256i zero = _mm256_setzero_si256();
   const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
@@ -109,7 +109,7 @@ __attribute__((target("avx2"))) inline __m256i bf16_avx2_line16(const std::uint1
   return _mm256_packus_epi32(bf16_avx2_round(lo), bf16_avx2_round(hi));
 }
 
-template <bf16_avx2_op Op>
+template <lane_op Op>
 __attribute__((target("avx2"))) inline void reduce_bf16_avx2_loop(std::uint16_t* dst, const std::uint16_t* a,
                                                                   const std::uint16_t* b, std::size_t m) noexcept {
   for (std::size_t i = 0; i < m; i += 16)
@@ -119,19 +119,19 @@ __attribute__((target("avx2"))) inline void reduce_bf16_avx2_loop(std::uint16_t*
 /// dst[i] = a[i] op b[i] for the first n - n % 16 elements (returns that
 /// count; the caller does the tail with the portable loop). dst may equal a
 /// or b; otherwise the ranges must not overlap.
-inline std::size_t reduce_bf16_avx2(bf16_avx2_op op, std::uint16_t* dst, const std::uint16_t* a,
+inline std::size_t reduce_bf16_avx2(lane_op op, std::uint16_t* dst, const std::uint16_t* a,
                                     const std::uint16_t* b, std::size_t n) noexcept {
   const std::size_t m = n - n % 16;
   switch (op) {
-  case bf16_avx2_op::sum: reduce_bf16_avx2_loop<bf16_avx2_op::sum>(dst, a, b, m); break;
-  case bf16_avx2_op::prod: reduce_bf16_avx2_loop<bf16_avx2_op::prod>(dst, a, b, m); break;
-  case bf16_avx2_op::min: reduce_bf16_avx2_loop<bf16_avx2_op::min>(dst, a, b, m); break;
-  case bf16_avx2_op::max: reduce_bf16_avx2_loop<bf16_avx2_op::max>(dst, a, b, m); break;
+  case lane_op::sum: reduce_bf16_avx2_loop<lane_op::sum>(dst, a, b, m); break;
+  case lane_op::prod: reduce_bf16_avx2_loop<lane_op::prod>(dst, a, b, m); break;
+  case lane_op::min: reduce_bf16_avx2_loop<lane_op::min>(dst, a, b, m); break;
+  case lane_op::max: reduce_bf16_avx2_loop<lane_op::max>(dst, a, b, m); break;
   }
   return m;
 }
 
-template <bf16_avx2_op Op>
+template <lane_op Op>
 __attribute__((target("avx2"))) inline void reduce_bf16_avx2_into_two_nt_loop(std::uint16_t* out0, std::uint16_t* out1,
                                                                               const std::uint16_t* a,
                                                                               const std::uint16_t* b,
@@ -154,15 +154,15 @@ __attribute__((target("avx2"))) inline void reduce_bf16_avx2_into_two_nt_loop(st
 /// caller fences: store_fence). The two-rank direct all-reduce out of place
 /// (collectives/shm/allreduce.hpp). out0 and out1 16-byte aligned; the four
 /// ranges must not overlap.
-inline std::size_t reduce_bf16_avx2_into_two_nt(bf16_avx2_op op, std::uint16_t* out0, std::uint16_t* out1,
+inline std::size_t reduce_bf16_avx2_into_two_nt(lane_op op, std::uint16_t* out0, std::uint16_t* out1,
                                                 const std::uint16_t* a, const std::uint16_t* b,
                                                 std::size_t n) noexcept {
   const std::size_t m = n - n % 32;
   switch (op) {
-  case bf16_avx2_op::sum: reduce_bf16_avx2_into_two_nt_loop<bf16_avx2_op::sum>(out0, out1, a, b, m); break;
-  case bf16_avx2_op::prod: reduce_bf16_avx2_into_two_nt_loop<bf16_avx2_op::prod>(out0, out1, a, b, m); break;
-  case bf16_avx2_op::min: reduce_bf16_avx2_into_two_nt_loop<bf16_avx2_op::min>(out0, out1, a, b, m); break;
-  case bf16_avx2_op::max: reduce_bf16_avx2_into_two_nt_loop<bf16_avx2_op::max>(out0, out1, a, b, m); break;
+  case lane_op::sum: reduce_bf16_avx2_into_two_nt_loop<lane_op::sum>(out0, out1, a, b, m); break;
+  case lane_op::prod: reduce_bf16_avx2_into_two_nt_loop<lane_op::prod>(out0, out1, a, b, m); break;
+  case lane_op::min: reduce_bf16_avx2_into_two_nt_loop<lane_op::min>(out0, out1, a, b, m); break;
+  case lane_op::max: reduce_bf16_avx2_into_two_nt_loop<lane_op::max>(out0, out1, a, b, m); break;
   }
   return m;
 }

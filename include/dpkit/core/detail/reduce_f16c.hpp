@@ -17,6 +17,8 @@
 
 #include "../element.hpp"
 
+#include "lane_op.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -29,8 +31,6 @@
 
 namespace dpkit::detail {
 
-/// The reduction the F16C loop applies (sum also serves avg).
-enum class f16c_op : std::uint8_t { sum, prod, min, max };
 
 #ifdef DPKIT_REDUCE_F16C
 /// True when the CPU has F16C and AVX and the OS saves the AVX registers
@@ -83,28 +83,28 @@ __attribute__((target("f16c,avx"))) inline void f16c_store8(std::uint16_t* p, __
 }
 
 // Eight f16 at a and b -> eight results a op b, rounded, in a register.
-template <f16c_op Op>
+template <lane_op Op>
 __attribute__((target("f16c,avx"))) inline __m128i f16c_apply8(const std::uint16_t* a, const std::uint16_t* b) noexcept {
   const __m256 x = f16c_load8(a), y = f16c_load8(b);
   __m256 r;
-  if constexpr (Op == f16c_op::sum) r = _mm256_add_ps(x, y);
-  else if constexpr (Op == f16c_op::prod) r = _mm256_mul_ps(x, y);
+  if constexpr (Op == lane_op::sum) r = _mm256_add_ps(x, y);
+  else if constexpr (Op == lane_op::prod) r = _mm256_mul_ps(x, y);
   // vminps(p, q) = p < q ? p : q; with (y, x): y < x ? y : x, the portable min's order (a NaN in either gives x).
-  else if constexpr (Op == f16c_op::min) r = _mm256_min_ps(y, x);
+  else if constexpr (Op == lane_op::min) r = _mm256_min_ps(y, x);
   // vmaxps(p, q) = p > q ? p : q; with (y, x): x < y ? y : x, the portable max's order.
   else r = _mm256_max_ps(y, x);
   return f16c_round8(r);
 }
 
 // One block loop per op (a template so each op's loop has no branch inside).
-template <f16c_op Op>
+template <lane_op Op>
 __attribute__((target("f16c,avx"))) inline void reduce_f16c_loop(std::uint16_t* dst, const std::uint16_t* a,
                                                                  const std::uint16_t* b, std::size_t m) noexcept {
   for (std::size_t i = 0; i < m; i += 8)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), f16c_apply8<Op>(a + i, b + i));
 }
 
-template <f16c_op Op>
+template <lane_op Op>
 __attribute__((target("f16c,avx"))) inline void reduce_f16c_into_two_nt_loop(std::uint16_t* out0, std::uint16_t* out1,
                                                                              const std::uint16_t* a,
                                                                              const std::uint16_t* b,
@@ -125,14 +125,14 @@ __attribute__((target("f16c,avx"))) inline void reduce_f16c_into_two_nt_loop(std
 /// caller fences: store_fence). The two-rank direct all-reduce out of place
 /// (collectives/shm/allreduce.hpp). out0 and out1 16-byte aligned; the four
 /// ranges must not overlap.
-inline std::size_t reduce_f16c_into_two_nt(f16c_op op, std::uint16_t* out0, std::uint16_t* out1,
+inline std::size_t reduce_f16c_into_two_nt(lane_op op, std::uint16_t* out0, std::uint16_t* out1,
                                            const std::uint16_t* a, const std::uint16_t* b, std::size_t n) noexcept {
   const std::size_t m = n - n % 32;
   switch (op) {
-  case f16c_op::sum: reduce_f16c_into_two_nt_loop<f16c_op::sum>(out0, out1, a, b, m); break;
-  case f16c_op::prod: reduce_f16c_into_two_nt_loop<f16c_op::prod>(out0, out1, a, b, m); break;
-  case f16c_op::min: reduce_f16c_into_two_nt_loop<f16c_op::min>(out0, out1, a, b, m); break;
-  case f16c_op::max: reduce_f16c_into_two_nt_loop<f16c_op::max>(out0, out1, a, b, m); break;
+  case lane_op::sum: reduce_f16c_into_two_nt_loop<lane_op::sum>(out0, out1, a, b, m); break;
+  case lane_op::prod: reduce_f16c_into_two_nt_loop<lane_op::prod>(out0, out1, a, b, m); break;
+  case lane_op::min: reduce_f16c_into_two_nt_loop<lane_op::min>(out0, out1, a, b, m); break;
+  case lane_op::max: reduce_f16c_into_two_nt_loop<lane_op::max>(out0, out1, a, b, m); break;
   }
   return m;
 }
@@ -140,14 +140,14 @@ inline std::size_t reduce_f16c_into_two_nt(f16c_op op, std::uint16_t* out0, std:
 /// dst[i] = a[i] op b[i] for the first n - n % 8 elements (returns that count;
 /// the caller does the tail with the portable loop). dst may equal a or b;
 /// otherwise the ranges must not overlap.
-inline std::size_t reduce_f16c(f16c_op op, std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b,
+inline std::size_t reduce_f16c(lane_op op, std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b,
                                std::size_t n) noexcept {
   const std::size_t m = n - n % 8;
   switch (op) {
-  case f16c_op::sum: reduce_f16c_loop<f16c_op::sum>(dst, a, b, m); break;
-  case f16c_op::prod: reduce_f16c_loop<f16c_op::prod>(dst, a, b, m); break;
-  case f16c_op::min: reduce_f16c_loop<f16c_op::min>(dst, a, b, m); break;
-  case f16c_op::max: reduce_f16c_loop<f16c_op::max>(dst, a, b, m); break;
+  case lane_op::sum: reduce_f16c_loop<lane_op::sum>(dst, a, b, m); break;
+  case lane_op::prod: reduce_f16c_loop<lane_op::prod>(dst, a, b, m); break;
+  case lane_op::min: reduce_f16c_loop<lane_op::min>(dst, a, b, m); break;
+  case lane_op::max: reduce_f16c_loop<lane_op::max>(dst, a, b, m); break;
   }
   return m;
 }
