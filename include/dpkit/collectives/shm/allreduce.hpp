@@ -169,42 +169,30 @@ bool half_into_two_nontemporal(T* out0, T* out1, const T* a, const T* b, std::si
 template <element T>
 bool direct_two_ranks_fused(const T* const* ins, T* const* outs, std::size_t b, std::size_t e, reduce_op op,
                             bool nontemporal) noexcept {
-  if constexpr (is_half_v<T>) {
-    if (!nontemporal || op == reduce_op::avg) return false;
-    if (static_cast<const void*>(ins[0]) == static_cast<const void*>(outs[0]) ||
-        static_cast<const void*>(ins[1]) == static_cast<const void*>(outs[1]))
-      return false;
-    auto run = [&]<reduce_op Op>() {
+  if (op == reduce_op::avg) return false;
+  const bool ip0 = static_cast<const void*>(ins[0]) == static_cast<const void*>(outs[0]);
+  const bool ip1 = static_cast<const void*>(ins[1]) == static_cast<const void*>(outs[1]);
+  if (ip0 != ip1 || (nontemporal && ip0)) return false;
+  if constexpr (is_half_v<T>)
+    if (!nontemporal) return false;
+  auto run = [&]<reduce_op Op>() {
+    if constexpr (is_half_v<T>) {
       return half_into_two_nontemporal<Op>(outs[0] + b, outs[1] + b, ins[0] + b, ins[1] + b, e - b);
-    };
-    switch (op) {
-    case reduce_op::sum: return run.template operator()<reduce_op::sum>();
-    case reduce_op::prod: return run.template operator()<reduce_op::prod>();
-    case reduce_op::min: return run.template operator()<reduce_op::min>();
-    case reduce_op::max: return run.template operator()<reduce_op::max>();
-    case reduce_op::avg: break;
-    }
-    return false;
-  } else {
-    if (op == reduce_op::avg) return false;
-    const bool ip0 = static_cast<const void*>(ins[0]) == static_cast<const void*>(outs[0]);
-    const bool ip1 = static_cast<const void*>(ins[1]) == static_cast<const void*>(outs[1]);
-    if (ip0 != ip1 || (nontemporal && ip0)) return false;
-    auto run = [&]<reduce_op Op>() {
+    } else {
       if (nontemporal) return reduce_into_two_nontemporal<Op>(outs[0] + b, outs[1] + b, ins[0] + b, ins[1] + b, e - b);
       if (ip0) reduce_both_in_place<Op>(outs[0] + b, outs[1] + b, e - b);
       else reduce_into_two<Op>(outs[0] + b, outs[1] + b, ins[0] + b, ins[1] + b, e - b);
       return true;
-    };
-    switch (op) {
-    case reduce_op::sum: return run.template operator()<reduce_op::sum>();
-    case reduce_op::prod: return run.template operator()<reduce_op::prod>();
-    case reduce_op::min: return run.template operator()<reduce_op::min>();
-    case reduce_op::max: return run.template operator()<reduce_op::max>();
-    case reduce_op::avg: break;
     }
-    return false;
+  };
+  switch (op) {
+  case reduce_op::sum: return run.template operator()<reduce_op::sum>();
+  case reduce_op::prod: return run.template operator()<reduce_op::prod>();
+  case reduce_op::min: return run.template operator()<reduce_op::min>();
+  case reduce_op::max: return run.template operator()<reduce_op::max>();
+  case reduce_op::avg: break;
   }
+  return false;
 }
 
 /// The direct all-reduce over symmetric memory (collectives/symmetric_memory.hpp),

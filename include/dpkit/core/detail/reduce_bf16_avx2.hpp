@@ -82,10 +82,7 @@ __attribute__((target("avx2"))) inline __m256i bf16_avx2_round(__m256 v) noexcep
   return _mm256_blendv_epi8(rounded, quiet, nan);
 }
 
-// One loop per op (a template so each op's loop has no branch inside). Each
-// 128-bit lane's eight bf16 are widened to f32 by interleaving with zeros
-// (unpacklo: elements 0-3, unpackhi: 4-7 of the lane), and packed back in
-// the same lane order (packus of values 0..0xffff is exact).
+// x op y on eight f32 lanes, in the portable loop's operand order.
 template <lane_op Op>
 __attribute__((target("avx2"))) inline __m256 bf16_avx2_apply(__m256 x, __m256 y) noexcept {
   if constexpr (Op == lane_op::sum) return _mm256_add_ps(x, y);
@@ -96,7 +93,10 @@ __attribute__((target("avx2"))) inline __m256 bf16_avx2_apply(__m256 x, __m256 y
   else return _mm256_max_ps(y, x);
 }
 
-// Sixteen bf16 at a and b -> sixteen results a op b, in a register.
+// Sixteen bf16 at a and b -> sixteen results a op b, in a register. Each
+// 128-bit lane's eight bf16 are widened to f32 by interleaving with zeros
+// (unpacklo: elements 0-3, unpackhi: 4-7 of the lane), and packed back in
+// the same lane order (packus of values 0..0xffff is exact).
 template <lane_op Op>
 __attribute__((target("avx2"))) inline __m256i bf16_avx2_line16(const std::uint16_t* a, const std::uint16_t* b) noexcept {
   const __m256i zero = _mm256_setzero_si256();
@@ -109,6 +109,7 @@ __attribute__((target("avx2"))) inline __m256i bf16_avx2_line16(const std::uint1
   return _mm256_packus_epi32(bf16_avx2_round(lo), bf16_avx2_round(hi));
 }
 
+// One loop per op (a template so each op's loop has no branch inside).
 template <lane_op Op>
 __attribute__((target("avx2"))) inline void reduce_bf16_avx2_loop(std::uint16_t* dst, const std::uint16_t* a,
                                                                   const std::uint16_t* b, std::size_t m) noexcept {

@@ -31,7 +31,6 @@
 
 namespace dpkit::detail {
 
-
 #ifdef DPKIT_REDUCE_F16C
 /// True when the CPU has F16C and AVX and the OS saves the AVX registers
 /// (CPUID leaf 1 ECX bits 29, 28 and 27, XCR0 bits 1 and 2). Asked through
