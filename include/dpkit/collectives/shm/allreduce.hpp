@@ -42,27 +42,43 @@ namespace detail {
 /// Which shared-memory all-reduce runs.
 enum class shm_mode : std::uint8_t { one_shot, two_shot };
 
+/// How far ahead (bytes) reduce_into_two asks for its inputs' lines
+/// (software prefetch). Measured on the 2-vCPU EPYC VM, one core, out0 and
+/// out1 each half of a buffer of 1-4 MiB as the direct all-reduce writes
+/// them: without it the loop took 1.13-1.15x a memcpy of the buffer, with
+/// it 1.00-1.02x at 128-384 bytes and 1.07x at 512; 8 MiB and up the
+/// same as without (benchmarks/results/2026-12-05-direct-prefetch.md).
+inline constexpr std::size_t reduce_into_two_prefetch_bytes = 256;
+
 /// out0[i] = out1[i] = a[i] op b[i] for i in [0, len) (two ranks' outputs of
 /// the direct all-reduce out of place: two loads, two stores per element,
-/// no staging block). The four ranges must not overlap. Op as combine_any
-/// (the bits of reduce_host(dst, a, b)).
+/// no staging block), a 64-byte line at a time, asking for the inputs'
+/// lines reduce_into_two_prefetch_bytes ahead. The four ranges must not
+/// overlap. Op as combine_any (the bits of reduce_host(dst, a, b)).
 template <reduce_op Op, class T>
 void reduce_into_two(T* __restrict out0, T* __restrict out1, const T* __restrict a, const T* __restrict b,
                      std::size_t len) noexcept {
-  constexpr std::size_t B = block_elems<T>;
-  const std::size_t nb = len / B;
-  for (std::size_t blk = 0; blk < nb; ++blk) {
-    T* __restrict d0 = out0 + blk * B;
-    T* __restrict d1 = out1 + blk * B;
-    const T* __restrict x = a + blk * B;
-    const T* __restrict y = b + blk * B;
-    for (std::size_t k = 0; k < B; ++k) {
+  constexpr std::size_t L = sizeof(T) >= 64 ? 1 : 64 / sizeof(T);
+  constexpr std::size_t P = reduce_into_two_prefetch_bytes / sizeof(T);
+  std::size_t i = 0;
+  for (; i + L <= len; i += L) {
+#if defined(__GNUC__)
+    if (len - i >= P + L) { // within the inputs
+      __builtin_prefetch(a + i + P, 0, 3);
+      __builtin_prefetch(b + i + P, 0, 3);
+    }
+#endif
+    T* __restrict d0 = out0 + i;
+    T* __restrict d1 = out1 + i;
+    const T* __restrict x = a + i;
+    const T* __restrict y = b + i;
+    for (std::size_t k = 0; k < L; ++k) {
       const T v = combine_any<Op>(x[k], y[k]);
       d0[k] = v;
       d1[k] = v;
     }
   }
-  for (std::size_t i = nb * B; i < len; ++i) out0[i] = out1[i] = combine_any<Op>(a[i], b[i]);
+  for (; i < len; ++i) out0[i] = out1[i] = combine_any<Op>(a[i], b[i]);
 }
 
 /// x0[i] = x1[i] = x0[i] op x1[i] for i in [0, len) (two ranks' buffers of
