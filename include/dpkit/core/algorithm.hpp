@@ -78,6 +78,17 @@ inline constexpr std::size_t shm_one_shot_max_bytes_two_ranks_default = 256u << 
 /// (1.60-1.64x the memory floor against 1.88-1.97x), a tie at 4 MiB, slower
 /// at 2 MiB (benchmarks/results/2026-12-03-shm-nontemporal-fence.md).
 inline constexpr std::size_t shm_nontemporal_min_bytes_default = std::size_t{8} << 20;
+/// The same for the direct all-reduce over symmetric or registered memory
+/// (allreduce_shm_direct; DPKIT_SHM_NT_BYTES overrides both). Its two-rank
+/// loop asks for its input lines ahead, and with that ordinary stores beat
+/// the streamed lines at 8 MiB: on the 2-vCPU reference VM (32 MiB L3), np
+/// 2, out of place, 8 MiB took 0.79-0.86x the memory floor against
+/// 1.33-1.41x with non-temporal stores (two sets of 6 and 8 alternated
+/// rounds); at 16 MiB, where the four buffers no longer fit the last-level
+/// cache, ordinary stores took 1.10x against 1.00-1.02x (one set)
+/// (benchmarks/results/2026-12-05-direct-prefetch.md). Measured on two
+/// ranks; more ranks take the same threshold.
+inline constexpr std::size_t shm_direct_nontemporal_min_bytes_default = std::size_t{16} << 20;
 /// Messages up to this many bytes take the hierarchical all-reduce's
 /// small-message path (one shared-memory step, then the network; measured on
 /// the 2x2 emulated cluster, benchmarks/results/2026-11-26-cluster-fragments.md).

@@ -46,8 +46,8 @@ enum class shm_mode : std::uint8_t { one_shot, two_shot };
 /// (software prefetch). Measured on the 2-vCPU EPYC VM, one core, out0 and
 /// out1 each half of a buffer of 1-4 MiB as the direct all-reduce writes
 /// them: without it the loop took 1.13-1.15x a memcpy of the buffer, with
-/// it 1.00-1.02x at 128-384 bytes and 1.07x at 512; 8 MiB and up the
-/// same as without (benchmarks/results/2026-12-05-direct-prefetch.md).
+/// it 1.00-1.02x at 128-384 bytes and 1.07x at 512; at 8 MiB both ran
+/// under the memcpy's time (benchmarks/results/2026-12-05-direct-prefetch.md).
 inline constexpr std::size_t reduce_into_two_prefetch_bytes = 256;
 
 /// out0[i] = out1[i] = a[i] op b[i] for i in [0, len) (two ranks' outputs of
@@ -227,9 +227,9 @@ bool direct_two_ranks_fused(const T* const* ins, T* const* outs, std::size_t b, 
 /// the ranks' buffers do not all qualify (the caller then runs the two-shot
 /// on everything); the decision is the same on every rank (it reads the same
 /// published words). Outputs out of place are written with non-temporal
-/// stores from shm_nontemporal_min_bytes, as the two-shot's: on two ranks a
-/// line at a time from registers (reduce_into_two_nontemporal), otherwise
-/// through an 8 KiB block.
+/// stores from shm_direct_nontemporal_min_bytes_default (16 MiB;
+/// DPKIT_SHM_NT_BYTES overrides it): on two ranks a line at a time from
+/// registers (reduce_into_two_nontemporal), otherwise through an 8 KiB block.
 template <element T, class Steps>
 std::optional<std::pair<std::size_t, std::size_t>> allreduce_shm_direct(Steps& st, const shm_segment& seg,
                                                                         const op_context& ctx, const T* in, T* out,
@@ -284,7 +284,7 @@ std::optional<std::pair<std::size_t, std::size_t>> allreduce_shm_direct(Steps& s
   // Every rank named the same windows, so every rank holds them: the
   // addresses exist (a null one would be a peer's range outside its region,
   // which its own cover() never gives).
-  const bool big = m * sizeof(T) >= shm_nontemporal_min_bytes(shm_nontemporal_min_bytes_default);
+  const bool big = m * sizeof(T) >= shm_nontemporal_min_bytes(shm_direct_nontemporal_min_bytes_default);
   const auto own = chunk_range(m, n, r);
   const auto done = std::make_optional(std::make_pair(lo, hi));
   // two ranks: reduce straight into both outputs (non-temporal stores a line
