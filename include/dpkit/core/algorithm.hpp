@@ -82,7 +82,7 @@ inline constexpr std::size_t shm_nontemporal_min_bytes_default = std::size_t{8} 
 /// (allreduce_shm_direct; DPKIT_SHM_NT_BYTES overrides both). Its two-rank
 /// loop asks for its input lines ahead, and with that ordinary stores beat
 /// the streamed lines at 8 MiB: on the 2-vCPU reference VM (32 MiB L3), np
-/// 2, out of place, 8 MiB took 0.79-0.86x the memory floor against
+/// 2, out of place, 8 MiB took 0.76-0.86x the memory floor against
 /// 1.33-1.41x with non-temporal stores (two sets of 6 and 8 alternated
 /// rounds); at 16 MiB, where the four buffers no longer fit the last-level
 /// cache, ordinary stores took 1.10x against 1.00-1.02x (one set)

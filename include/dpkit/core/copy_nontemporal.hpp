@@ -61,10 +61,11 @@ inline void store_fence() noexcept {
 #endif
 }
 
-/// The message size (bytes) from which the shared-memory two-shot all-reduce
-/// writes its output (out of place) with non-temporal stores:
-/// DPKIT_SHM_NT_BYTES if set to a byte count (0: never), else `fallback`
-/// (core/algorithm.hpp: 8 MiB). Read once per process; a malformed value is
+/// The message size (bytes) from which the shared-memory all-reduce (the
+/// two-shot, or the direct path) writes its output (out of place) with
+/// non-temporal stores: DPKIT_SHM_NT_BYTES if set to a byte count (0:
+/// never), else `fallback` (core/algorithm.hpp: 8 MiB for the two-shot, 16
+/// MiB for the direct path). Read once per process; a malformed value is
 /// ignored.
 inline std::size_t shm_nontemporal_min_bytes(std::size_t fallback) noexcept {
   static const long long from_env = [] {

@@ -45,7 +45,7 @@ enum class shm_mode : std::uint8_t { one_shot, two_shot };
 /// How far ahead (bytes) reduce_into_two asks for its inputs' lines
 /// (software prefetch). Measured on the 2-vCPU EPYC VM, one core, out0 and
 /// out1 each half of a buffer of 1-4 MiB as the direct all-reduce writes
-/// them: without it the loop took 1.13-1.15x a memcpy of the buffer, with
+/// them: without it the loop took 1.12-1.15x a memcpy of the buffer, with
 /// it 1.00-1.02x at 128-384 bytes and 1.07x at 512; at 8 MiB both ran
 /// under the memcpy's time (benchmarks/results/2026-12-05-direct-prefetch.md).
 inline constexpr std::size_t reduce_into_two_prefetch_bytes = 256;
