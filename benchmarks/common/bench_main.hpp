@@ -1,7 +1,8 @@
 // dpkit benchmarks: what a *_perf program's main needs, and no more. The five
 // nccl-tests-style programs share one harness (bench.hpp), whose per-program
 // entry point bench_main<K> is compiled once per collective in
-// benchmarks/bench_main_reduce.cpp and bench_main_movement.cpp (the static
+// benchmarks/bench_main_allreduce.cpp, bench_main_reduce.cpp and
+// bench_main_movement.cpp (the static
 // library bench_harness, benchmarks/meson.build). Each program's own
 // translation unit includes only this header:
 //   int main(int argc, char** argv) { return dpkit_bench::bench_main<dpkit_bench::collective::allreduce>(argc, argv); }
